@@ -1,0 +1,178 @@
+"""Runs one cell of user code inside a sandbox (script mode).
+
+Started by sandboxd as `/opt/py/bin/python /opt/sandboxd/runner.py RUN_ID AUTOSAVE`.
+The code arrives on stdin; stdin is then pointed at /dev/null so the user's code
+sees an empty stdin. This prologue/epilogue prints nothing of its own, keeps the
+user's line numbers in tracebacks and the user's exit code, and, when AUTOSAVE is
+"1", saves every open, non-empty matplotlib figure exactly once: at plt.show(), at
+exit, or when sandboxd asks the run to stop (SIGTERM at the timeout).
+"""
+
+import builtins
+import os
+import signal
+import sys
+
+FILENAME = "<code>"
+WORKSPACE = "/mnt/data"
+FONT_CACHE = "/opt/sandboxd/mplconfig"
+
+
+def _prepare_mplconfig():
+    """Give matplotlib a writable config dir holding the font list built at image time."""
+    target = os.environ.get("MPLCONFIGDIR")
+    if not target or os.path.isdir(target):
+        return
+    try:
+        os.mkdir(target, 0o700)
+        for name in os.listdir(FONT_CACHE):
+            with open(os.path.join(FONT_CACHE, name), "rb") as src:
+                data = src.read()
+            with open(os.path.join(target, name), "wb") as dst:
+                dst.write(data)
+    except OSError:
+        pass
+
+
+class _Figures:
+    """Saves open figures once each, named uniquely for this run."""
+
+    def __init__(self, run_id):
+        self.prefix = "figure-%s-" % run_id[:8]
+        self.count = 0
+        self.saving = False
+
+    def _save(self, fig):
+        self.count += 1
+        path = os.path.join(WORKSPACE, "%s%d.png" % (self.prefix, self.count))
+        self.saving = True
+        try:
+            fig.savefig(path)
+        finally:
+            self.saving = False
+        fig._sandboxd_saved = True
+
+    def save_open(self, close):
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        for num in list(plt.get_fignums()):
+            fig = plt.figure(num)
+            if not getattr(fig, "_sandboxd_saved", False) and _has_content(fig):
+                try:
+                    self._save(fig)
+                except Exception:  # a broken figure must not hide the user's result
+                    import traceback
+
+                    traceback.print_exc()
+            if close:
+                plt.close(fig)
+
+    def patch(self, pyplot):
+        """Make plt.show() save instead of block, and remember explicit savefig calls."""
+        figures = self
+        figure_cls = sys.modules["matplotlib.figure"].Figure
+        original_savefig = figure_cls.savefig
+
+        def savefig(fig, *args, **kwargs):
+            result = original_savefig(fig, *args, **kwargs)
+            if not figures.saving:
+                fig._sandboxd_saved = True
+            return result
+
+        def show(*args, **kwargs):
+            figures.save_open(close=True)
+
+        figure_cls.savefig = savefig
+        pyplot.show = show
+
+
+def _has_content(fig):
+    return bool(fig.get_axes() or fig.images or fig.texts or fig.lines or fig.patches)
+
+
+class _PyplotHook:
+    """Patches matplotlib.pyplot right after the user's code imports it."""
+
+    def __init__(self, figures):
+        self.figures = figures
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "matplotlib.pyplot":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+        figures = self.figures
+
+        def exec_module(module):
+            original_exec(module)
+            figures.patch(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def main():
+    run_id = sys.argv[1] if len(sys.argv) > 1 else "run"
+    autosave = len(sys.argv) > 2 and sys.argv[2] == "1"
+    code = sys.stdin.buffer.read()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    source = code.decode("utf-8", errors="replace")
+    _prepare_mplconfig()
+
+    figures = _Figures(run_id) if autosave else None
+    if figures is not None:
+        sys.meta_path.insert(0, _PyplotHook(figures))
+
+        def on_term(signum, frame):
+            figures.save_open(close=False)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    sys.argv = [FILENAME]
+    globals_ = {"__name__": "__main__", "__builtins__": builtins, "__file__": FILENAME}
+    sys.path.insert(0, WORKSPACE)
+    exit_code = 0
+    try:
+        compiled = compile(source, FILENAME, "exec", dont_inherit=True)
+        exec(compiled, globals_)
+    except SystemExit as e:
+        exit_code = _exit_code(e.code)
+    except BaseException as e:  # the user's error: print it as Python would
+        # Imported only now: most runs never need them, and they cost startup time.
+        import linecache
+        import traceback
+
+        linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
+        tb = e.__traceback__
+        if not isinstance(e, SyntaxError) and tb is not None:
+            tb = tb.tb_next  # drop this runner's frame
+        traceback.print_exception(type(e), e, tb)
+        exit_code = 1
+    if figures is not None:
+        figures.save_open(close=False)
+    sys.exit(exit_code)  # runs the user's atexit handlers and flushes the streams
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+//! The v1 API: one router, served on the Unix socket and on loopback HTTP.
+//!
+//! A request's path: [`auth`] decides who the caller is, a handler in [`runs`],
+//! [`sessions`] or [`files`] checks the input, and [`crate::run::execute`] runs the
+//! code through [`crate::isolate`]. Every error is an [`error::ApiError`].
+
+pub mod error;
+pub mod files;
+pub mod openapi;
+pub mod runs;
+pub mod sessions;
+
+use crate::run::Context;
+use crate::session::Manager;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use error::{ApiError, Code};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+/// Which listener a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Http,
+    Unix,
+}
+
+pub struct AppState {
+    pub sessions: Arc<Manager>,
+    pub ctx: Context,
+    /// sha256 of each configured token, hex.
+    pub token_hashes: Vec<String>,
+    pub version: &'static str,
+    pub rootfs_sha256: String,
+    pub landlock_abi: i32,
+    /// Set at shutdown: new runs are refused with `unavailable`.
+    pub draining: std::sync::atomic::AtomicBool,
+}
+
+pub type Shared = Arc<AppState>;
+
+/// Who is calling: `owner` is the caller's token identity; None sees everything
+/// (no tokens configured, or a Unix-socket caller without a token).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub owner: Option<String>,
+}
+
+pub fn token_hash(token: &str) -> String {
+    crate::rootfs::hex(&Sha256::digest(token.as_bytes()))[..32].to_string()
+}
+
+/// The router for one listener.
+pub fn router(state: Shared, listener: Listener) -> Router {
+    let api = Router::new()
+        .route("/v1/runs", post(runs::create_run))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::show).delete(sessions::close),
+        )
+        .route("/v1/sessions/{id}/runs", post(runs::session_run))
+        .route("/v1/sessions/{id}/files", get(files::list))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(files::download)
+                .put(files::upload)
+                .delete(files::remove),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            (state.clone(), listener),
+            auth,
+        ));
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/openapi.json", get(openapi::document))
+        .merge(api)
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+async fn auth(
+    State((state, listener)): State<(Shared, Listener)>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| token_hash(t.trim()));
+    let owner = if state.token_hashes.is_empty() {
+        None
+    } else {
+        match (presented, listener) {
+            (Some(h), _) if state.token_hashes.contains(&h) => Some(h),
+            (None, Listener::Unix) => None,
+            _ => {
+                return ApiError::new(Code::Unauthorized, "missing or unknown bearer token: send `Authorization: Bearer <token>` with a token from the daemon's `tokens` setting").into_response();
+            }
+        }
+    };
+    req.extensions_mut().insert(Caller { owner });
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        Code::NotFound,
+        format!(
+            "no route {} {}: see GET /v1/openapi.json for the API",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+    pub version: &'static str,
+    pub rootfs_sha256: String,
+    pub cgroup: String,
+    pub landlock_abi: i32,
+    pub sessions: usize,
+    pub busy_sessions: usize,
+}
+
+#[utoipa::path(get, path = "/v1/health", responses((status = 200, body = Health)))]
+pub async fn health(State(state): State<Shared>) -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        version: state.version,
+        rootfs_sha256: state.rootfs_sha256.clone(),
+        cgroup: state.ctx.cgroups.describe(),
+        landlock_abi: state.landlock_abi,
+        sessions: state.sessions.count(),
+        busy_sessions: state.sessions.busy_count(),
+    })
+}
+
+/// Read a JSON body of at most `limit` bytes into `T`, with errors that say what
+/// is wrong. `too_large` is the code for an oversized body.
+pub async fn read_json<T: serde::de::DeserializeOwned>(
+    body: axum::body::Body,
+    limit: usize,
+    too_large: Code,
+) -> Result<T, ApiError> {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(too_large, format!("request body is larger than {limit} bytes: send less code, or upload data as a file"))
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            "request body is empty: send a JSON object",
+        ));
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(Code::InvalidRequest, format!("invalid JSON body: {e}")))
+}

@@ -1,0 +1,32 @@
+//! `GET /v1/openapi.json`: generated from the handlers' annotations and the
+//! request/response types, never written by hand.
+
+use axum::Json;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sandboxd",
+        description = "Run untrusted Python in native Linux sandboxes"
+    ),
+    paths(
+        super::health,
+        super::runs::create_run,
+        super::runs::session_run,
+        super::sessions::create,
+        super::sessions::list,
+        super::sessions::show,
+        super::sessions::close,
+        super::files::list,
+        super::files::download,
+        super::files::upload,
+        super::files::remove,
+    ),
+    components(schemas(super::error::Code, crate::run::Language, crate::session::Mode))
+)]
+pub struct ApiDoc;
+
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,329 @@
+//! Daemon configuration: `/etc/sandboxd/sandboxd.toml`, then `SANDBOXD_*`
+//! environment variables, then flags, each overriding the one before.
+//! `sandboxd --print-config` prints the effective values.
+
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading config file {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("config file {0}: {1}")]
+    Parse(PathBuf, String),
+    #[error("config key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/sandboxd/sandboxd.toml";
+
+/// Every setting, optional: the same struct is read from the config file and from
+/// the command line / environment, and the two are merged.
+#[derive(Debug, Clone, Default, Parser, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[command(
+    name = "sandboxd",
+    version,
+    about = "Runs untrusted Python in native Linux sandboxes and serves the results"
+)]
+pub struct Settings {
+    /// Config file to read (default /etc/sandboxd/sandboxd.toml; a missing default file is fine).
+    #[arg(long, env = "SANDBOXD_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+
+    /// Unix socket path for the API.
+    #[arg(long, env = "SANDBOXD_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Group that may use the Unix socket (mode 0660); ignored if it does not exist.
+    #[arg(long, env = "SANDBOXD_SOCKET_GROUP")]
+    pub socket_group: Option<String>,
+    /// HTTP listen address; "off" disables HTTP.
+    #[arg(long, env = "SANDBOXD_HTTP")]
+    pub http: Option<String>,
+    /// Base URL put in artifact links (default: http://<http address>).
+    #[arg(long, env = "SANDBOXD_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Bearer tokens, comma-separated. Required to listen on a non-loopback address.
+    #[arg(long, env = "SANDBOXD_TOKENS", value_delimiter = ',')]
+    pub tokens: Option<Vec<String>>,
+    /// Directory for sessions and the unpacked rootfs.
+    #[arg(long, env = "SANDBOXD_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// The rootfs tarball (with a .sha256 file beside it), made by rootfs/build.sh.
+    #[arg(long, env = "SANDBOXD_ROOTFS_TARBALL")]
+    pub rootfs_tarball: Option<PathBuf>,
+    /// Directory of policy files (*.toml); must contain default.toml.
+    #[arg(long, env = "SANDBOXD_POLICIES_DIR")]
+    pub policies_dir: Option<PathBuf>,
+    /// Most sessions at once.
+    #[arg(long, env = "SANDBOXD_MAX_SESSIONS")]
+    pub max_sessions: Option<usize>,
+    /// Idle time after which a session is closed, in seconds.
+    #[arg(long, env = "SANDBOXD_SESSION_TTL_S")]
+    pub session_ttl_s: Option<u64>,
+    /// First host uid/gid given to sandboxes (each session gets its own).
+    #[arg(long, env = "SANDBOXD_UID_BASE")]
+    pub uid_base: Option<u32>,
+    /// Name of the cgroup directory (below the daemon's own) that holds run cgroups.
+    #[arg(long, env = "SANDBOXD_INSTANCE")]
+    pub instance: Option<String>,
+    /// Seconds that running runs get to finish at shutdown before they are killed.
+    #[arg(long, env = "SANDBOXD_SHUTDOWN_GRACE_S")]
+    pub shutdown_grace_s: Option<u64>,
+    /// Log format: text or json.
+    #[arg(long, env = "SANDBOXD_LOG_FORMAT")]
+    pub log_format: Option<String>,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or sandboxd=debug.
+    #[arg(long, env = "SANDBOXD_LOG")]
+    pub log: Option<String>,
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub socket_group: String,
+    /// None: HTTP disabled.
+    pub http: Option<SocketAddr>,
+    pub public_url: String,
+    #[serde(serialize_with = "redact")]
+    pub tokens: Vec<String>,
+    pub state_dir: PathBuf,
+    pub rootfs_tarball: PathBuf,
+    pub policies_dir: PathBuf,
+    pub max_sessions: usize,
+    pub session_ttl_s: u64,
+    pub uid_base: u32,
+    pub instance: String,
+    pub shutdown_grace_s: u64,
+    pub log_format: String,
+    pub log: String,
+}
+
+fn redact<S: serde::Serializer>(tokens: &[String], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(tokens.iter().map(|_| "********"))
+}
+
+macro_rules! merge {
+    ($cli:expr, $file:expr, $($field:ident),*) => {
+        Settings { config: $cli.config.clone(), print_config: $cli.print_config,
+                   $($field: $cli.$field.clone().or($file.$field.clone())),* }
+    };
+}
+
+impl Config {
+    /// Read the config file named by the settings (or the default one) and merge.
+    pub fn load(cli: Settings) -> Result<Config, Error> {
+        let (path, required) = match &cli.config {
+            Some(p) => (p.clone(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
+        };
+        let file = match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str::<Settings>(&text)
+                .map_err(|e| Error::Parse(path.clone(), e.message().to_string()))?,
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Settings::default(),
+            Err(e) => return Err(Error::Read(path, e)),
+        };
+        let s = merge!(
+            cli,
+            file,
+            socket,
+            socket_group,
+            http,
+            public_url,
+            tokens,
+            state_dir,
+            rootfs_tarball,
+            policies_dir,
+            max_sessions,
+            session_ttl_s,
+            uid_base,
+            instance,
+            shutdown_grace_s,
+            log_format,
+            log
+        );
+        Config::from_settings(s)
+    }
+
+    pub fn from_settings(s: Settings) -> Result<Config, Error> {
+        let http = match s.http.as_deref().unwrap_or("127.0.0.1:8181") {
+            "off" | "" => None,
+            addr => Some(addr.parse::<SocketAddr>().map_err(|e| Error::Invalid {
+                key: "http",
+                reason: format!("`{addr}` is not an address like 127.0.0.1:8181 ({e}); use \"off\" to disable HTTP"),
+            })?),
+        };
+        let tokens: Vec<String> = s
+            .tokens
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| !t.is_empty())
+            .collect();
+        if let Some(addr) = http {
+            if !addr.ip().is_loopback() && tokens.is_empty() {
+                return Err(Error::Invalid {
+                    key: "http",
+                    reason: format!("{addr} is not a loopback address: set `tokens` so that only clients with a token can run code"),
+                });
+            }
+        }
+        let log_format = s.log_format.unwrap_or_else(|| "text".into());
+        if log_format != "text" && log_format != "json" {
+            return Err(Error::Invalid {
+                key: "log_format",
+                reason: format!("`{log_format}`; allowed: text, json"),
+            });
+        }
+        let max_sessions = s.max_sessions.unwrap_or(32);
+        if max_sessions == 0 || max_sessions > 10_000 {
+            return Err(Error::Invalid {
+                key: "max_sessions",
+                reason: format!("{max_sessions}; allowed: 1 to 10000"),
+            });
+        }
+        let uid_base = s.uid_base.unwrap_or(600_000);
+        if uid_base < 1000 || uid_base > u32::MAX - 100_000 {
+            return Err(Error::Invalid {
+                key: "uid_base",
+                reason: format!("{uid_base}; allowed: 1000 to {}", u32::MAX - 100_000),
+            });
+        }
+        let instance = s.instance.unwrap_or_else(|| "sandboxd".into());
+        if instance.is_empty()
+            || !instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(Error::Invalid {
+                key: "instance",
+                reason: format!("`{instance}`; allowed: letters, digits, - and _"),
+            });
+        }
+        let public_url = match (s.public_url, http) {
+            (Some(u), _) => u.trim_end_matches('/').to_string(),
+            (None, Some(addr)) => format!("http://{addr}"),
+            (None, None) => String::new(),
+        };
+        Ok(Config {
+            socket: s
+                .socket
+                .unwrap_or_else(|| "/run/sandboxd/sandboxd.sock".into()),
+            socket_group: s.socket_group.unwrap_or_else(|| "sandboxd".into()),
+            http,
+            public_url,
+            tokens,
+            state_dir: s.state_dir.unwrap_or_else(|| "/var/lib/sandboxd".into()),
+            rootfs_tarball: s
+                .rootfs_tarball
+                .unwrap_or_else(|| "/var/cache/sandboxd/rootfs/current.tar.zst".into()),
+            policies_dir: s.policies_dir.unwrap_or_else(default_policies_dir),
+            max_sessions,
+            session_ttl_s: s.session_ttl_s.unwrap_or(1800),
+            uid_base,
+            instance,
+            shutdown_grace_s: s.shutdown_grace_s.unwrap_or(10),
+            log_format,
+            log: s.log.unwrap_or_else(|| "info".into()),
+        })
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
+    }
+}
+
+/// `/etc/sandboxd/policies` when installed; else the `policies/` of a source tree.
+fn default_policies_dir() -> PathBuf {
+    let etc = Path::new("/etc/sandboxd/policies");
+    if etc.is_dir() {
+        return etc.into();
+    }
+    PathBuf::from("policies")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let c = Config::from_settings(Settings::default()).unwrap();
+        assert_eq!(c.http, Some("127.0.0.1:8181".parse().unwrap()));
+        assert_eq!(c.socket, PathBuf::from("/run/sandboxd/sandboxd.sock"));
+        assert_eq!(c.max_sessions, 32);
+        assert_eq!(c.session_ttl_s, 1800);
+        assert_eq!(c.public_url, "http://127.0.0.1:8181");
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let cli = Settings {
+            max_sessions: Some(5),
+            ..Default::default()
+        };
+        let file: Settings = toml::from_str("max_sessions = 7\nsession_ttl_s = 9").unwrap();
+        let merged = merge!(cli, file, max_sessions, session_ttl_s);
+        let merged = Settings {
+            max_sessions: merged.max_sessions,
+            session_ttl_s: merged.session_ttl_s,
+            ..Default::default()
+        };
+        let c = Config::from_settings(merged).unwrap();
+        assert_eq!((c.max_sessions, c.session_ttl_s), (5, 9));
+    }
+
+    #[test]
+    fn non_loopback_http_needs_tokens() {
+        let s = Settings {
+            http: Some("0.0.0.0:8181".into()),
+            ..Default::default()
+        };
+        let err = Config::from_settings(s).unwrap_err().to_string();
+        assert!(err.contains("`http`") && err.contains("tokens"), "{err}");
+        let s = Settings {
+            http: Some("0.0.0.0:8181".into()),
+            tokens: Some(vec!["t".into()]),
+            ..Default::default()
+        };
+        assert!(Config::from_settings(s).is_ok());
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let s = Settings {
+            http: Some("nonsense".into()),
+            ..Default::default()
+        };
+        assert!(Config::from_settings(s)
+            .unwrap_err()
+            .to_string()
+            .contains("`http`"));
+        let s = Settings {
+            log_format: Some("xml".into()),
+            ..Default::default()
+        };
+        assert!(Config::from_settings(s)
+            .unwrap_err()
+            .to_string()
+            .contains("`log_format`"));
+        assert!(toml::from_str::<Settings>("nope = 1").is_err());
+    }
+
+    #[test]
+    fn tokens_are_not_printed() {
+        let s = Settings {
+            tokens: Some(vec!["secret".into()]),
+            ..Default::default()
+        };
+        let text = Config::from_settings(s).unwrap().to_toml();
+        assert!(!text.contains("secret"));
+    }
+}

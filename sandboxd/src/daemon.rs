@@ -1,0 +1,248 @@
+//! Start-up, serving and shutdown.
+//!
+//! Start-up: logging, root check, policies, cgroups (removing what an earlier
+//! instance left), the rootfs (unpacked once), sessions taken back from disk, then
+//! the Unix socket and HTTP listeners, and `READY=1` to systemd.
+//! Shutdown (SIGTERM/SIGINT): refuse new runs, let running ones finish within the
+//! grace period, then kill them; session files stay.
+
+use crate::api::{self, AppState, Listener};
+use crate::config::Config;
+use crate::isolate::{cgroup::Cgroups, landlock};
+use crate::run::Context;
+use crate::session::Manager;
+use crate::{policy, rootfs};
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("sandboxd must run as root: it creates namespaces, cgroups and mounts (run it with sudo, or as the systemd service)")]
+    NotRoot,
+    #[error(transparent)]
+    Policy(#[from] policy::Error),
+    #[error(transparent)]
+    Cgroup(#[from] crate::isolate::cgroup::Error),
+    #[error(transparent)]
+    Rootfs(#[from] rootfs::Error),
+    #[error("state directory {0}: {1}")]
+    State(std::path::PathBuf, std::io::Error),
+    #[error("listening on {0}: {1}")]
+    Listen(String, std::io::Error),
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if config.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+pub fn run(config: Config) -> Result<(), Error> {
+    init_logging(&config);
+    if !nix::unistd::geteuid().is_root() {
+        return Err(Error::NotRoot);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> Result<(), Error> {
+    std::fs::create_dir_all(&config.state_dir)
+        .map_err(|e| Error::State(config.state_dir.clone(), e))?;
+    let policies = policy::load_dir(&config.policies_dir)?;
+    tracing::info!(dir = %config.policies_dir.display(), names = ?policies.keys().collect::<Vec<_>>(), "policies loaded");
+
+    let cgroups = Cgroups::detect(&config.instance)?;
+    let stale = cgroups.remove_stale()?;
+    tracing::info!(cgroup = %cgroups.describe(), removed_stale = stale, "cgroups ready");
+
+    let abi = landlock::kernel_abi();
+    if abi < landlock::TARGET_ABI as i32 {
+        tracing::warn!(kernel_abi = abi, wanted = landlock::TARGET_ABI as i32, "Landlock is missing or older than expected: sandboxes are enforced partly, relying on mount namespaces and seccomp for the rest");
+    }
+
+    let tarball = config.rootfs_tarball.clone();
+    let state_dir = config.state_dir.clone();
+    let rootfs = tokio::task::spawn_blocking(move || rootfs::ensure(&tarball, &state_dir))
+        .await
+        .map_err(|e| Error::State(config.state_dir.clone(), std::io::Error::other(e)))??;
+    tracing::info!(path = %rootfs.path.display(), python = %rootfs.manifest["python_version"], "rootfs ready");
+
+    let sessions = Manager::new(
+        &config.state_dir,
+        policies,
+        config.max_sessions,
+        config.session_ttl_s,
+        config.uid_base,
+    )
+    .map_err(|e| Error::State(config.state_dir.clone(), e))?;
+    let recovered = sessions.recover();
+    if recovered > 0 {
+        tracing::info!(
+            sessions = recovered,
+            "took back sessions from an earlier run"
+        );
+    }
+    let state = Arc::new(AppState {
+        sessions: Arc::new(sessions),
+        ctx: Context {
+            cgroups,
+            rootfs: rootfs.path.clone(),
+            public_url: config.public_url.clone(),
+        },
+        token_hashes: config.tokens.iter().map(|t| api::token_hash(t)).collect(),
+        version: env!("CARGO_PKG_VERSION"),
+        rootfs_sha256: rootfs.sha256.clone(),
+        landlock_abi: abi,
+        draining: AtomicBool::new(false),
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+
+    let unix = bind_unix(&config)?;
+    tracing::info!(path = %config.socket.display(), "listening on the Unix socket");
+    let app = api::router(state.clone(), Listener::Unix);
+    let mut rx = stop_rx.clone();
+    servers.spawn(async move {
+        axum::serve(unix, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    if let Some(addr) = config.http {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Listen(addr.to_string(), e))?;
+        tracing::info!(%addr, "listening on HTTP");
+        let app = api::router(state.clone(), Listener::Http);
+        let mut rx = stop_rx.clone();
+        servers.spawn(async move {
+            axum::serve(tcp, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await
+        });
+    }
+
+    let reaper_state = state.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            reaper_state.sessions.reap_expired().await;
+        }
+    });
+
+    notify_systemd("READY=1");
+    wait_for_signal().await;
+    tracing::info!(
+        grace_s = config.shutdown_grace_s,
+        running = state.sessions.busy_count(),
+        "shutting down"
+    );
+    notify_systemd("STOPPING=1");
+    state.draining.store(true, Ordering::SeqCst);
+    let _ = stop_tx.send(true);
+    let killer_state = state.clone();
+    let grace = Duration::from_secs(config.shutdown_grace_s);
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        if killer_state.sessions.busy_count() > 0 {
+            tracing::warn!("grace period over: killing the runs still going");
+            killer_state.sessions.cancel_all();
+        }
+    });
+    while servers.join_next().await.is_some() {}
+    // Runs whose clients already went away still hold their sessions: wait for them.
+    while state.sessions.busy_count() > 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = std::fs::remove_file(&config.socket);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn bind_unix(config: &Config) -> Result<tokio::net::UnixListener, Error> {
+    let path = &config.socket;
+    let err = |e| Error::Listen(path.display().to_string(), e);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(err)?;
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "another sandboxd is serving this socket: stop it, or use --socket",
+        )));
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    match nix::unistd::Group::from_name(&config.socket_group) {
+        Ok(Some(group)) => {
+            std::os::unix::fs::chown(path, None, Some(group.gid.as_raw())).map_err(err)?
+        }
+        _ => {
+            tracing::info!(group = %config.socket_group, "socket group does not exist: the socket is usable by root only")
+        }
+    }
+    Ok(listener)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the daemon can only be killed; keep serving.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}
+
+/// Tell systemd (Type=notify) about our state, when started by it.
+fn notify_systemd(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let bytes = path.as_encoded_bytes();
+    let sent = if let Some(name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name)
+            .and_then(|addr| sock.send_to_addr(state.as_bytes(), &addr))
+    } else {
+        sock.send_to(state.as_bytes(), std::path::Path::new(&path))
+    };
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "could not notify systemd");
+    }
+}

@@ -1,0 +1,303 @@
+//! Inside the namespaces: the sandbox's init (pid 1) and the program it runs.
+//!
+//! The init waits until its uid/gid maps are written, builds the filesystem
+//! ([`super::mounts`]), sets the hostname and brings up `lo`, then forks the program.
+//! The program's process sets rlimits, drops every privilege ([`super::caps`]),
+//! applies Landlock and seccomp, and execs. The init then drops its own privileges,
+//! reaps, forwards SIGTERM/SIGINT/SIGHUP to every process in the sandbox, and when
+//! the program ends reports its status to the helper and exits: the kernel then
+//! kills whatever else is left in the pid namespace.
+//!
+//! Reports travel as lines on a pipe: `W msg` (warning), `F step\tmsg` (setup
+//! failed), `X code` (exited), `S signal` (killed by a signal).
+
+use super::helper::Failure;
+use super::mounts::{self, Layout};
+use super::spec::{Event, SandboxSpec, SANDBOX_GID, SANDBOX_UID};
+use super::{caps, landlock, namespaces, rlimits, seccomp};
+use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Parse one report line into an event.
+pub fn parse_report(line: &str) -> Option<Event> {
+    let (kind, rest) = line.split_at_checked(1)?;
+    let rest = rest.trim_start();
+    match kind {
+        "W" => Some(Event::Warning {
+            message: rest.into(),
+        }),
+        "X" => rest.parse().ok().map(|code| Event::Exited { code }),
+        "S" => rest.parse().ok().map(|signal| Event::Signaled { signal }),
+        "F" => {
+            let (step, error) = rest.split_once('\t').unwrap_or(("sandbox", rest));
+            Some(Event::SetupFailed {
+                step: step.into(),
+                error: error.into(),
+            })
+        }
+        _ => None,
+    }
+}
+
+fn failure_line(f: &Failure) -> String {
+    format!("F {}\t{}\n", f.step, f.error.replace('\n', " "))
+}
+
+const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+
+/// The init's whole life. Never returns.
+pub fn run(spec: &SandboxSpec, go: OwnedFd, report: OwnedFd) -> ! {
+    let mut report = File::from(report);
+    let line = match init(spec, go, &mut report) {
+        Ok(line) => line,
+        Err(f) => failure_line(&f),
+    };
+    let _ = report.write_all(line.as_bytes());
+    // SAFETY: _exit ends this process without running anything inherited from the
+    // helper's Rust runtime state (no destructors, no atexit handlers).
+    unsafe { libc::_exit(0) }
+}
+
+fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Failure> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
+    let mut byte = [0u8; 1];
+    match File::from(go).read(&mut byte) {
+        Ok(1) => {}
+        _ => {
+            return Err(Failure {
+                step: "wait for id maps",
+                error: "the helper is gone".into(),
+            })
+        }
+    }
+    // Files the init creates (the /dev entries) belong to the sandbox user: our
+    // host uid is not mapped in this namespace.
+    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(SANDBOX_UID));
+    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(SANDBOX_GID));
+
+    let plan = mounts::plan(&Layout {
+        rootfs: &spec.rootfs,
+        workspace: &spec.workspace,
+        tmp_size_bytes: spec.tmp_size_bytes,
+        shm_size_bytes: spec.shm_size_bytes,
+    });
+    mounts::apply(&plan).map_err(Failure::at("mounts"))?;
+    namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;
+    namespaces::loopback_up().map_err(Failure::at("loopback"))?;
+    let programs = seccomp::programs().map_err(Failure::at("seccomp"))?;
+
+    let mut blocked = SigSet::empty();
+    blocked.add(Signal::SIGCHLD);
+    for s in FORWARDED {
+        blocked.add(s);
+    }
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None)
+        .map_err(Failure::at("sigprocmask"))?;
+
+    let (err_r, err_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
+    // SAFETY: the init is single-threaded (it was cloned from the single-threaded
+    // helper and started no thread), so the child may run arbitrary code.
+    let child = match unsafe { fork() }.map_err(Failure::at("fork"))? {
+        ForkResult::Child => {
+            drop(err_r);
+            let mut err_w = File::from(err_w);
+            if let Err(f) = exec_program(spec, &mut err_w, &programs) {
+                let _ = err_w.write_all(failure_line(&f).as_bytes());
+            }
+            // SAFETY: leave the failed child at once, without destructors.
+            unsafe { libc::_exit(127) }
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(err_w);
+    let mut text = String::new();
+    let _ = File::from(err_r).read_to_string(&mut text);
+    for line in text.lines() {
+        match parse_report(line) {
+            Some(Event::SetupFailed { step, error }) => {
+                let _ = kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return Ok(format!("F {step}\t{error}\n"));
+            }
+            Some(Event::Warning { message }) => {
+                let _ = report.write_all(format!("W {message}\n").as_bytes());
+            }
+            _ => {}
+        }
+    }
+
+    // The init keeps no output pipe open, and holds no privilege while it waits.
+    if let Ok(devnull) = File::options().read(true).write(true).open("/dev/null") {
+        for fd in [0, 1, 2] {
+            // SAFETY: replaces our own stdio with /dev/null.
+            unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
+        }
+    }
+    caps::drop_all().map_err(Failure::at("drop init privileges"))?;
+    seccomp::apply(&programs).map_err(Failure::at("init seccomp"))?;
+    Ok(reap_until_exit(child, &blocked))
+}
+
+/// Wait for the program to end, reaping orphans and forwarding signals meanwhile.
+fn reap_until_exit(child: Pid, blocked: &SigSet) -> String {
+    loop {
+        match blocked.wait() {
+            Ok(Signal::SIGCHLD) => loop {
+                match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == child => {
+                        return format!("X {code}\n")
+                    }
+                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                        return format!("S {}\n", sig as i32)
+                    }
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => continue,
+                }
+            },
+            Ok(sig) if FORWARDED.contains(&sig) => {
+                // Every process in the pid namespace but the init itself.
+                let _ = kill(Pid::from_raw(-1), sig);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// In the program's process: limits, privileges, Landlock, seccomp, exec.
+fn exec_program(
+    spec: &SandboxSpec,
+    err_w: &mut File,
+    programs: &[seccompiler::BpfProgram; 2],
+) -> Result<(), Failure> {
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(Failure::at("sigprocmask"))?;
+    nix::unistd::setsid().map_err(Failure::at("setsid"))?;
+    setup_stdin(spec.stdin.as_deref())?;
+    nix::unistd::chdir("/mnt/data").map_err(Failure::at("chdir /mnt/data"))?;
+    rlimits::apply(&spec.rlimits).map_err(Failure::at("rlimits"))?;
+    caps::drop_all().map_err(Failure::at("drop privileges"))?;
+    match landlock::apply().map_err(Failure::at("landlock"))? {
+        landlock::Enforcement::Full => {}
+        other => {
+            let _ = writeln!(
+                err_w,
+                "W landlock is {} on this kernel (ABI {}); the sandbox relies on the mount namespace and seccomp alone for what it lacks",
+                if other == landlock::Enforcement::None { "unavailable" } else { "only partly enforced" },
+                landlock::kernel_abi()
+            );
+        }
+    }
+    // Every fd but 0-2 closes at exec.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our own fds.
+    if unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    } != 0
+    {
+        return Err(Failure::at("close_range")(nix::Error::last()));
+    }
+    let argv = cstrings(spec.argv.iter().map(String::as_str))?;
+    let env = cstrings(
+        spec.env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str),
+    )?;
+    let program = argv.first().cloned().ok_or(Failure {
+        step: "exec",
+        error: "empty argv".into(),
+    })?;
+    seccomp::apply(programs).map_err(Failure::at("seccomp"))?;
+    let err = nix::unistd::execve(&program, &argv, &env).err();
+    Err(Failure {
+        step: "exec",
+        error: format!(
+            "{}: {}",
+            spec.argv[0],
+            err.map(|e| e.to_string()).unwrap_or_default()
+        ),
+    })
+}
+
+fn setup_stdin(data: Option<&str>) -> Result<(), Failure> {
+    let fd: OwnedFd = match data {
+        Some(text) => {
+            let memfd =
+                nix::sys::memfd::memfd_create(c"stdin", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+                    .map_err(Failure::at("memfd_create"))?;
+            let mut file = File::from(memfd);
+            file.write_all(text.as_bytes())
+                .map_err(Failure::at("write stdin"))?;
+            use std::io::Seek;
+            file.rewind().map_err(Failure::at("rewind stdin"))?;
+            file.into()
+        }
+        None => File::open("/dev/null")
+            .map_err(Failure::at("open /dev/null"))?
+            .into(),
+    };
+    // SAFETY: dup2 onto fd 0; the new fd 0 has no close-on-exec flag.
+    if unsafe { libc::dup2(fd.as_raw_fd(), 0) } < 0 {
+        return Err(Failure::at("dup2 stdin")(nix::Error::last()));
+    }
+    Ok(())
+}
+
+fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, Failure> {
+    items
+        .map(|s| CString::new(s).map_err(Failure::at("argument with a NUL byte")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_reports() {
+        assert_eq!(parse_report("X 3"), Some(Event::Exited { code: 3 }));
+        assert_eq!(parse_report("S 9"), Some(Event::Signaled { signal: 9 }));
+        assert_eq!(
+            parse_report("W careful"),
+            Some(Event::Warning {
+                message: "careful".into()
+            })
+        );
+        assert_eq!(
+            parse_report("F mounts\tbind /x: EPERM"),
+            Some(Event::SetupFailed {
+                step: "mounts".into(),
+                error: "bind /x: EPERM".into()
+            })
+        );
+        assert_eq!(parse_report(""), None);
+        assert_eq!(parse_report("X nope"), None);
+    }
+
+    #[test]
+    fn failure_lines_stay_on_one_line() {
+        let f = Failure {
+            step: "exec",
+            error: "a\nb".into(),
+        };
+        assert_eq!(
+            parse_report(failure_line(&f).trim_end()),
+            Some(Event::SetupFailed {
+                step: "exec".into(),
+                error: "a b".into()
+            })
+        );
+    }
+}

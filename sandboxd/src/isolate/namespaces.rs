@@ -1,0 +1,143 @@
+//! The namespaces: one `clone` makes the sandbox's init in new user, mount, pid,
+//! net, ipc, uts and cgroup namespaces; its parent (still host root) then writes the
+//! uid/gid maps. Inside, the loopback interface is brought up and the hostname set.
+
+use super::spec::{SANDBOX_GID, SANDBOX_UID};
+use nix::unistd::Pid;
+use std::fs;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("clone: {0}")]
+    Clone(nix::Error),
+    #[error("writing {0}: {1}")]
+    IdMap(String, std::io::Error),
+    #[error("bringing up lo: {0}")]
+    Loopback(nix::Error),
+    #[error("sethostname: {0}")]
+    Hostname(nix::Error),
+}
+
+/// Every namespace a sandbox gets.
+pub const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP;
+
+pub enum Forked {
+    Child,
+    Parent(Pid),
+}
+
+/// Fork into new namespaces. The child is pid 1 of its pid namespace.
+///
+/// # Safety
+/// The caller must be single-threaded (the helper process is), as after `fork`.
+pub unsafe fn clone_into_namespaces() -> Result<Forked, Error> {
+    // SAFETY: a raw clone with a NULL stack behaves like fork: the child continues on
+    // a copy of the caller's stack. The caller guarantees there is one thread, so no
+    // lock can be held by a thread that does not exist in the child.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (CLONE_FLAGS | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    match rc {
+        -1 => Err(Error::Clone(nix::Error::last())),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(Pid::from_raw(pid as i32))),
+    }
+}
+
+/// The lines written to `uid_map` and `gid_map`: the sandbox user alone, mapped to
+/// one unprivileged host id. Nothing maps to host root.
+pub fn id_maps(host_uid: u32, host_gid: u32) -> (String, String) {
+    (
+        format!("{SANDBOX_UID} {host_uid} 1\n"),
+        format!("{SANDBOX_GID} {host_gid} 1\n"),
+    )
+}
+
+/// Write the child's maps from the parent user namespace.
+pub fn write_id_maps(child: Pid, host_uid: u32, host_gid: u32) -> Result<(), Error> {
+    let (uid_map, gid_map) = id_maps(host_uid, host_gid);
+    let proc = format!("/proc/{child}");
+    for (file, text) in [
+        ("uid_map", uid_map.as_str()),
+        ("setgroups", "deny"),
+        ("gid_map", gid_map.as_str()),
+    ] {
+        let path = format!("{proc}/{file}");
+        fs::write(&path, text).map_err(|e| Error::IdMap(path, e))?;
+    }
+    Ok(())
+}
+
+/// Bring `lo` up in the new network namespace (it starts down).
+pub fn loopback_up() -> Result<(), Error> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    use std::os::fd::AsRawFd;
+    let sock = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(Error::Loopback)?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, which
+    // lives for the whole call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(Error::Loopback(nix::Error::last()));
+    }
+    // SAFETY: the union member ifru_flags is the one SIOCGIFFLAGS filled in.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(Error::Loopback(nix::Error::last()));
+    }
+    Ok(())
+}
+
+pub fn set_hostname(name: &str) -> Result<(), Error> {
+    nix::unistd::sethostname(name).map_err(Error::Hostname)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_only_the_sandbox_user_to_one_host_id() {
+        let (u, g) = id_maps(200_123, 200_456);
+        assert_eq!(u, "1000 200123 1\n");
+        assert_eq!(g, "1000 200456 1\n");
+    }
+
+    #[test]
+    fn every_namespace_is_requested() {
+        for f in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWCGROUP,
+        ] {
+            assert_ne!(CLONE_FLAGS & f, 0);
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! What the daemon tells the sandbox helper, and what the helper reports back.
+//!
+//! The daemon (multi-threaded, async) never forks. It starts its own binary as a
+//! single-threaded helper (`sandboxd __sandbox`) with a Unix socket on stdin, sends
+//! one [`SandboxSpec`] as a JSON line, and reads [`Event`]s back as JSON lines.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The uid and gid the sandboxed program runs as, inside its user namespace.
+pub const SANDBOX_UID: u32 = 1000;
+pub const SANDBOX_GID: u32 = 1000;
+
+/// Everything the helper needs to build one sandbox and run one program in it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The unpacked rootfs, mounted read-only as `/`.
+    pub rootfs: PathBuf,
+    /// The session workspace, mounted read-write at `/mnt/data`.
+    pub workspace: PathBuf,
+    /// Program and arguments; `argv[0]` is an absolute path inside the rootfs.
+    pub argv: Vec<String>,
+    /// The whole environment of the program (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Bytes the program reads on stdin; `None` gives it `/dev/null`.
+    pub stdin: Option<String>,
+    /// Host uid/gid that the sandbox uid/gid map to.
+    pub host_uid: u32,
+    pub host_gid: u32,
+    /// `cgroup.procs` files the helper joins before it creates the namespaces.
+    pub cgroup_procs: Vec<PathBuf>,
+    pub tmp_size_bytes: u64,
+    pub shm_size_bytes: u64,
+    pub rlimits: Rlimits,
+    pub hostname: String,
+    /// The daemon's pid: the helper exits at once if its parent is already gone.
+    pub daemon_pid: u32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Rlimits {
+    /// Largest file the program may write (RLIMIT_FSIZE), bytes.
+    pub file_size_bytes: u64,
+    /// Open files (RLIMIT_NOFILE).
+    pub open_files: u64,
+}
+
+/// A message from the helper to the daemon, one JSON object per line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The sandbox's init process exists; `init_pid` is its host pid.
+    Started { init_pid: i32 },
+    /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.
+    Warning { message: String },
+    /// The program ended by itself.
+    Exited { code: i32 },
+    /// The program was killed by a signal.
+    Signaled { signal: i32 },
+    /// The sandbox's init was killed (by the daemon at a timeout, or the OOM killer)
+    /// before the program's status could be reported.
+    InitKilled { signal: i32 },
+    /// Building the sandbox failed before the program ran.
+    SetupFailed { step: String, error: String },
+}

@@ -1,0 +1,286 @@
+//! One run, from request to result: check the request against the session's
+//! policy, snapshot the workspace, run the program in a fresh sandbox
+//! ([`crate::isolate`]), find the artifacts and shape the result.
+
+use crate::api::error::{ApiError, Code};
+use crate::artifacts::{self, Snapshot};
+use crate::isolate::{self, cgroup, output::Chunk, spec};
+use crate::policy::Policy;
+use crate::session::Lease;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    #[default]
+    Python,
+    Shell,
+}
+
+/// The body of `POST /v1/runs` and `POST /v1/sessions/{id}/runs`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Python source (or a shell command with `language: "shell"`).
+    pub code: String,
+    /// Run in this session; without it a new session is made and returned.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub language: Language,
+    /// Wall-clock limit in seconds, at most the policy's.
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+    /// Policy for a new session (an existing session keeps its own).
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Save open matplotlib figures (default: the policy's setting).
+    #[serde(default)]
+    pub autosave_figures: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Error,
+    Timeout,
+    Oom,
+    Killed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ArtifactKind {
+    File,
+    Figure,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Artifact {
+    pub path: String,
+    pub size_bytes: u64,
+    pub mime_type: String,
+    pub kind: ArtifactKind,
+    pub url: String,
+}
+
+/// A run's result: also the answer when the program failed (HTTP 200).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct RunResult {
+    pub run_id: String,
+    pub session_id: String,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    /// The signal's name, e.g. "SIGKILL".
+    pub signal: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+    pub artifacts: Vec<Artifact>,
+    pub artifacts_truncated: bool,
+}
+
+/// What every run needs from the daemon.
+pub struct Context {
+    pub cgroups: cgroup::Cgroups,
+    pub rootfs: PathBuf,
+    pub public_url: String,
+}
+
+/// The environment of every sandboxed program: nothing from the host.
+pub fn environment(policy: &Policy) -> Vec<(String, String)> {
+    let threads = (policy.cpus.ceil() as u64).max(1).to_string();
+    [
+        ("PATH", "/opt/py/bin:/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("USER", "sandbox"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("TMPDIR", "/tmp"),
+        ("MPLBACKEND", "Agg"),
+        ("MPLCONFIGDIR", "/tmp/.mplconfig"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("OPENBLAS_NUM_THREADS", threads.as_str()),
+        ("OMP_NUM_THREADS", threads.as_str()),
+        ("MKL_NUM_THREADS", threads.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Check what can be checked before a sandbox is made.
+pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, ApiError> {
+    if req.code.len() > policy.code_bytes() {
+        return Err(ApiError::new(
+            Code::CodeTooLarge,
+            format!("code is {} bytes; policy {:?} allows {} — upload large data as a file (PUT /v1/sessions/ID/files/PATH) and read it from the code", req.code.len(), policy.name, policy.code_bytes()),
+        ));
+    }
+    if req.code.contains('\0') {
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            "code contains a NUL byte: remove it",
+        ));
+    }
+    match req.timeout_s {
+        None => Ok(Duration::from_secs(policy.timeout_s)),
+        Some(t) if t > 0.0 && t <= policy.timeout_s as f64 => Ok(Duration::from_secs_f64(t)),
+        Some(t) => Err(ApiError::new(
+            Code::InvalidRequest,
+            format!(
+                "timeout_s is {t}; policy {:?} allows more than 0 and at most {} seconds",
+                policy.name, policy.timeout_s
+            ),
+        )),
+    }
+}
+
+/// Run `req` in the leased session.
+pub async fn execute(
+    ctx: &Context,
+    lease: &Lease,
+    req: &RunRequest,
+    chunks: Option<mpsc::Sender<Chunk>>,
+) -> Result<RunResult, ApiError> {
+    let policy = &lease.policy;
+    let timeout = validate(req, policy)?;
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let autosave = req.autosave_figures.unwrap_or(policy.autosave_figures);
+    let (argv, stdin) = match req.language {
+        Language::Python => (
+            vec![
+                "/opt/py/bin/python".to_string(),
+                "/opt/sandboxd/runner.py".to_string(),
+                run_id.clone(),
+                if autosave { "1" } else { "0" }.to_string(),
+            ],
+            Some(req.code.clone()),
+        ),
+        Language::Shell => (
+            vec!["/bin/bash".to_string(), "-c".to_string(), req.code.clone()],
+            None,
+        ),
+    };
+    let workspace = lease.workspace.clone();
+    let snapshot = {
+        let ws = workspace.clone();
+        tokio::task::spawn_blocking(move || Snapshot::take(&ws))
+            .await
+            .map_err(|e| ApiError::internal("snapshotting the workspace", e))?
+    };
+    let run = isolate::Run {
+        id: run_id.clone(),
+        spec: spec::SandboxSpec {
+            rootfs: ctx.rootfs.clone(),
+            workspace: workspace.clone(),
+            argv,
+            env: environment(policy),
+            stdin,
+            host_uid: lease.uid,
+            host_gid: lease.uid,
+            cgroup_procs: vec![],
+            tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
+            shm_size_bytes: policy.shm_mb * 1024 * 1024,
+            rlimits: spec::Rlimits {
+                file_size_bytes: policy.file_size_mb * 1024 * 1024,
+                open_files: policy.open_files,
+            },
+            hostname: "sandbox".into(),
+            daemon_pid: std::process::id(),
+        },
+        limits: cgroup::Limits {
+            memory_bytes: policy.memory_bytes(),
+            cpus: policy.cpus,
+            pids: policy.pids,
+        },
+        timeout,
+        grace: Duration::from_secs(policy.grace_s),
+        output_limit: policy.output_bytes(),
+    };
+    tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
+    tracing::debug!(run_id = %run_id, code = %req.code, "run code");
+    let outcome = isolate::run(&ctx.cgroups, run, chunks, lease.cancel.clone())
+        .await
+        .map_err(|e| match e {
+            isolate::Error::Setup { step, error } => {
+                ApiError::internal(&format!("building the sandbox ({step})"), error)
+            }
+            other => ApiError::internal("running the sandbox", other),
+        })?;
+
+    let (artifacts, artifacts_truncated) = {
+        let ws = workspace.clone();
+        let changed = tokio::task::spawn_blocking(move || snapshot.changed(&ws))
+            .await
+            .map_err(|e| ApiError::internal("finding artifacts", e))?;
+        let figure_prefix = format!("figure-{}-", &run_id[..8]);
+        let truncated = changed.len() > policy.max_artifacts;
+        let list = changed
+            .into_iter()
+            .take(policy.max_artifacts)
+            .map(|e| {
+                let name = e.path.to_string_lossy().into_owned();
+                let kind = if name.starts_with(&figure_prefix) && name.ends_with(".png") {
+                    ArtifactKind::Figure
+                } else {
+                    ArtifactKind::File
+                };
+                Artifact {
+                    mime_type: artifacts::mime_type(&e.path),
+                    url: format!(
+                        "{}/v1/sessions/{}/files/{}",
+                        ctx.public_url,
+                        lease.id,
+                        artifacts::url_path(&e.path)
+                    ),
+                    size_bytes: e.size,
+                    path: name,
+                    kind,
+                }
+            })
+            .collect();
+        (list, truncated)
+    };
+
+    let status = if outcome.timed_out {
+        Status::Timeout
+    } else if outcome.oom_killed && outcome.exit_code != Some(0) {
+        Status::Oom
+    } else if outcome.cancelled || outcome.signal.is_some() {
+        Status::Killed
+    } else if outcome.exit_code == Some(0) {
+        Status::Ok
+    } else {
+        Status::Error
+    };
+    let result = RunResult {
+        run_id: run_id.clone(),
+        session_id: lease.id.clone(),
+        status,
+        exit_code: outcome.exit_code,
+        signal: outcome.signal.map(signal_name),
+        stdout: outcome.stdout.text(),
+        stderr: outcome.stderr.text(),
+        stdout_truncated: outcome.stdout.truncated,
+        stderr_truncated: outcome.stderr.truncated,
+        duration_ms: outcome.duration.as_millis() as u64,
+        artifacts,
+        artifacts_truncated,
+    };
+    tracing::info!(run_id = %run_id, session_id = %lease.id, status = ?result.status, duration_ms = result.duration_ms, "run finished");
+    Ok(result)
+}
+
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("SIG{sig}"))
+}

@@ -1,0 +1,442 @@
+//! Sessions: a workspace on disk that persists across runs, with its own host uid,
+//! a policy, a mode, an idle TTL and an owner.
+//!
+//! The manager keeps the live state (busy, the running run's cancel switch) in
+//! memory and each session's description in `<state>/sessions/<id>/session.json`,
+//! so a restarted daemon takes back the sessions still within their TTL.
+
+use crate::api::error::{ApiError, Code};
+use crate::policy::Policy;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{watch, Notify};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every run is a fresh sandbox over the session's workspace.
+    #[default]
+    Script,
+    /// One interpreter stays alive across runs (issue 5; runs as script until then).
+    Kernel,
+}
+
+/// What is stored of a session, and what the API shows.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SessionInfo {
+    pub id: String,
+    pub mode: Mode,
+    pub policy: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub last_used_at: String,
+    pub ttl_s: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    #[schema(ignore)]
+    pub uid: u32,
+    #[serde(skip_deserializing, default)]
+    pub busy: bool,
+}
+
+struct Live {
+    info: SessionInfo,
+    last_used: SystemTime,
+    busy: bool,
+    cancel: Option<watch::Sender<bool>>,
+}
+
+pub struct Manager {
+    dir: PathBuf,
+    policies: BTreeMap<String, Arc<Policy>>,
+    max_sessions: usize,
+    default_ttl_s: u64,
+    uid_base: u32,
+    sessions: Mutex<HashMap<String, Live>>,
+    idle: Notify,
+}
+
+/// Marks a session busy for one run; dropping it frees the session.
+pub struct Lease {
+    manager: Arc<Manager>,
+    pub id: String,
+    pub uid: u32,
+    pub policy: Arc<Policy>,
+    pub workspace: PathBuf,
+    pub cancel: watch::Receiver<bool>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut map = self.manager.lock();
+        if let Some(live) = map.get_mut(&self.id) {
+            live.busy = false;
+            live.cancel = None;
+            live.last_used = SystemTime::now();
+            live.info.last_used_at = rfc3339(live.last_used);
+            let info = live.info.clone();
+            drop(map);
+            self.manager.persist(&info);
+        }
+        self.manager.idle.notify_waiters();
+    }
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Session ids: `^[A-Za-z0-9_-]{1,64}$`.
+pub fn validate_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(ApiError::new(
+            Code::InvalidSessionId,
+            format!("invalid session id {id:?}: use 1 to 64 letters, digits, `-` or `_`"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+impl Manager {
+    pub fn new(
+        state_dir: &Path,
+        policies: BTreeMap<String, Policy>,
+        max_sessions: usize,
+        default_ttl_s: u64,
+        uid_base: u32,
+    ) -> std::io::Result<Manager> {
+        let dir = state_dir.join("sessions");
+        std::fs::create_dir_all(&dir)?;
+        // The sandbox (an unprivileged host uid) must traverse to its workspace.
+        std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o711))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+        Ok(Manager {
+            dir,
+            policies: policies
+                .into_iter()
+                .map(|(k, v)| (k, Arc::new(v)))
+                .collect(),
+            max_sessions,
+            default_ttl_s,
+            uid_base,
+            sessions: Mutex::new(HashMap::new()),
+            idle: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Live>> {
+        // A panic while holding the lock leaves plain data behind: keep serving.
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, ApiError> {
+        let name = name.unwrap_or("default");
+        self.policies.get(name).cloned().ok_or_else(|| {
+            let known: Vec<&str> = self.policies.keys().map(String::as_str).collect();
+            ApiError::new(
+                Code::PolicyNotFound,
+                format!(
+                    "no policy named {name:?}; known policies: {}",
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        self.policies.values()
+    }
+
+    fn session_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(id)
+    }
+
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.session_dir(id).join("data")
+    }
+
+    fn persist(&self, info: &SessionInfo) {
+        let path = self.session_dir(&info.id).join("session.json");
+        let tmp = path.with_extension("json.tmp");
+        let write = serde_json::to_vec_pretty(info)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        if let Err(e) = write {
+            tracing::warn!(session_id = %info.id, error = %e, "could not save the session description");
+        }
+    }
+
+    fn visible(live: &Live, owner: Option<&str>) -> bool {
+        match owner {
+            None => true,
+            Some(o) => live.info.owner.as_deref() == Some(o),
+        }
+    }
+
+    fn not_found(id: &str) -> ApiError {
+        ApiError::new(Code::SessionNotFound, format!("no session {id:?}: it was closed, expired or never made; create one with POST /v1/sessions"))
+    }
+
+    /// Make a new session. `owner` is the caller's token identity, if any.
+    pub fn create(
+        &self,
+        id: Option<String>,
+        policy: Option<&str>,
+        mode: Mode,
+        ttl_s: Option<u64>,
+        owner: Option<&str>,
+    ) -> Result<SessionInfo, ApiError> {
+        let policy = self.policy(policy)?;
+        let id = match id {
+            Some(id) => {
+                validate_id(&id)?;
+                id
+            }
+            None => new_id(),
+        };
+        if let Some(ttl) = ttl_s {
+            if ttl == 0 || ttl > 30 * 86400 {
+                return Err(ApiError::new(
+                    Code::InvalidRequest,
+                    "ttl_s must be from 1 to 2592000 seconds",
+                ));
+            }
+        }
+        let mut map = self.lock();
+        if map.contains_key(&id) {
+            return Err(ApiError::new(
+                Code::SessionExists,
+                format!(
+                    "session {id:?} already exists: use it, close it first, or pick another id"
+                ),
+            ));
+        }
+        if map.len() >= self.max_sessions {
+            return Err(ApiError::new(
+                Code::MaxSessions,
+                format!("the daemon already holds its maximum of {} sessions: close one (DELETE /v1/sessions/ID) or wait for idle ones to expire", self.max_sessions),
+            ));
+        }
+        let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
+        let uid = (0..u32::MAX - self.uid_base)
+            .map(|i| self.uid_base + i)
+            .find(|u| !used.contains(u))
+            .unwrap_or(self.uid_base);
+        let now = SystemTime::now();
+        let info = SessionInfo {
+            id: id.clone(),
+            mode,
+            policy: policy.name.clone(),
+            created_at: rfc3339(now),
+            last_used_at: rfc3339(now),
+            ttl_s: ttl_s.unwrap_or(self.default_ttl_s),
+            owner: owner.map(str::to_string),
+            uid,
+            busy: false,
+        };
+        let workspace = self.workspace(&id);
+        let made = std::fs::create_dir_all(&workspace)
+            .and_then(|_| {
+                std::fs::set_permissions(
+                    self.session_dir(&id),
+                    std::fs::Permissions::from_mode(0o711),
+                )
+            })
+            .and_then(|_| {
+                std::fs::set_permissions(&workspace, std::fs::Permissions::from_mode(0o700))
+            })
+            .and_then(|_| std::os::unix::fs::chown(&workspace, Some(uid), Some(uid)));
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(self.session_dir(&id));
+            return Err(ApiError::internal("creating the session workspace", e));
+        }
+        map.insert(
+            id,
+            Live {
+                info: info.clone(),
+                last_used: now,
+                busy: false,
+                cancel: None,
+            },
+        );
+        drop(map);
+        self.persist(&info);
+        tracing::info!(session_id = %info.id, policy = %info.policy, "session created");
+        Ok(info)
+    }
+
+    pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, ApiError> {
+        validate_id(id)?;
+        let map = self.lock();
+        match map.get(id) {
+            Some(live) if Self::visible(live, owner) => Ok(SessionInfo {
+                busy: live.busy,
+                ..live.info.clone()
+            }),
+            _ => Err(Self::not_found(id)),
+        }
+    }
+
+    pub fn list(&self, owner: Option<&str>) -> Vec<SessionInfo> {
+        let map = self.lock();
+        let mut v: Vec<SessionInfo> = map
+            .values()
+            .filter(|l| Self::visible(l, owner))
+            .map(|l| SessionInfo {
+                busy: l.busy,
+                ..l.info.clone()
+            })
+            .collect();
+        v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Take the session for one run; `session_busy` at once if a run holds it.
+    pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, ApiError> {
+        validate_id(id)?;
+        let mut map = self.lock();
+        let live = match map.get_mut(id) {
+            Some(l) if Self::visible(l, owner) => l,
+            _ => return Err(Self::not_found(id)),
+        };
+        if live.busy {
+            return Err(ApiError::new(Code::SessionBusy, format!("session {id:?} is running code: wait for that run to finish, or use another session")));
+        }
+        let policy = self.policy(Some(&live.info.policy))?;
+        let (tx, rx) = watch::channel(false);
+        live.busy = true;
+        live.cancel = Some(tx);
+        Ok(Lease {
+            manager: self.clone(),
+            id: id.to_string(),
+            uid: live.info.uid,
+            policy,
+            workspace: self.workspace(id),
+            cancel: rx,
+        })
+    }
+
+    /// Close a session: kill its run, if any, and remove its files.
+    pub async fn close(&self, id: &str, owner: Option<&str>) -> Result<(), ApiError> {
+        validate_id(id)?;
+        loop {
+            let notified = self.idle.notified();
+            {
+                let mut map = self.lock();
+                match map.get(id) {
+                    Some(l) if Self::visible(l, owner) => {}
+                    _ => return Err(Self::not_found(id)),
+                }
+                let busy = map.get(id).map(|l| l.busy).unwrap_or(false);
+                if !busy {
+                    map.remove(id);
+                    break;
+                }
+                if let Some(cancel) = map.get(id).and_then(|l| l.cancel.as_ref()) {
+                    let _ = cancel.send(true);
+                }
+            }
+            // Wait for the run to end (it was told to die), then try again.
+            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+        }
+        let dir = self.session_dir(id);
+        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+        if let Ok(Err(e)) = removed {
+            tracing::warn!(session_id = %id, error = %e, "could not remove the session's files");
+        }
+        tracing::info!(session_id = %id, "session closed");
+        Ok(())
+    }
+
+    /// Close idle sessions past their TTL; never a busy one.
+    pub async fn reap_expired(&self) {
+        let now = SystemTime::now();
+        let expired: Vec<String> = self
+            .lock()
+            .values()
+            .filter(|l| {
+                !l.busy
+                    && now.duration_since(l.last_used).unwrap_or_default()
+                        > Duration::from_secs(l.info.ttl_s)
+            })
+            .map(|l| l.info.id.clone())
+            .collect();
+        for id in expired {
+            tracing::info!(session_id = %id, "session expired");
+            let _ = self.close(&id, None).await;
+        }
+    }
+
+    /// Kill every running run (daemon shutdown).
+    pub fn cancel_all(&self) {
+        for live in self.lock().values() {
+            if let Some(c) = &live.cancel {
+                let _ = c.send(true);
+            }
+        }
+    }
+
+    pub fn busy_count(&self) -> usize {
+        self.lock().values().filter(|l| l.busy).count()
+    }
+
+    /// Take back the sessions an earlier instance left, removing expired ones.
+    pub fn recover(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let now = SystemTime::now();
+        let mut taken = 0;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let info: Option<SessionInfo> = std::fs::read(path.join("session.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            let Some(info) = info.filter(|i| {
+                validate_id(&i.id).is_ok() && path.file_name() == Some(std::ffi::OsStr::new(&i.id))
+            }) else {
+                tracing::warn!(path = %path.display(), "removing a session directory without a valid session.json");
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            };
+            let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
+            let expired =
+                now.duration_since(last_used).unwrap_or_default() > Duration::from_secs(info.ttl_s);
+            if expired || !self.policies.contains_key(&info.policy) {
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            }
+            self.lock().insert(
+                info.id.clone(),
+                Live {
+                    info,
+                    last_used,
+                    busy: false,
+                    cancel: None,
+                },
+            );
+            taken += 1;
+        }
+        taken
+    }
+}
