@@ -66,7 +66,7 @@ PIP_FIND_LINKS= python3 -m pip download --quiet --no-deps --require-hashes --onl
 
 current="venv"; next "create the venv /opt/py and install the wheels"
 chroot "$root" /usr/bin/python3.11 -m venv --without-pip /opt/py || die "venv creation failed"
-PIP_FIND_LINKS= python3 -m pip install --quiet --no-index --find-links "$out/wheels" --require-hashes --no-deps \
+PIP_FIND_LINKS= python3 -m pip install --quiet --ignore-installed --no-index --find-links "$out/wheels" --require-hashes --no-deps \
   --no-compile --no-warn-script-location --root "$root" --prefix /opt/py -r "$here/requirements.lock" \
   || die "pip install into the rootfs failed"
 # Scripts written by the host pip carry the host's interpreter path: none is needed.
@@ -74,7 +74,8 @@ find "$root/opt/py/bin" -type f ! -name 'python*' ! -name 'activate*' -delete
 
 current="support"; next "install the sandbox support code and the sandbox user"
 mkdir -p "$root/opt/sandboxd" "$root/mnt/data" "$root/tmp" "$root/proc" "$root/dev" "$root/sys"
-cp -r "$here/support/." "$root/opt/sandboxd/"
+cp "$here/support/runner.py" "$root/opt/sandboxd/"
+cp "$here/support/sitecustomize.py" "$root/opt/py/lib/python3.11/site-packages/sitecustomize.py"
 echo "sandbox:x:1000:1000:sandbox:/tmp:/bin/bash" >>"$root/etc/passwd"
 echo "sandbox:x:1000:" >>"$root/etc/group"
 echo "sandbox" >"$root/etc/hostname"

@@ -107,11 +107,8 @@ impl Snapshot {
             .into_iter()
             .map(|(path, meta)| {
                 let mut s = stamp(&meta);
-                let recent = meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| now.duration_since(m).ok())
-                    .is_none_or(|age| age < RECENT);
+                let recent =
+                    meta.modified().ok().and_then(|m| now.duration_since(m).ok()).is_none_or(|age| age < RECENT);
                 if recent && meta.size() <= MAX_HASH {
                     s.hash = hash_file(&root.join(&path));
                 }
@@ -129,12 +126,7 @@ impl Snapshot {
                 None => true,
                 Some(before) => {
                     let mut now = stamp(meta);
-                    if now
-                        != (Stamp {
-                            hash: None,
-                            ..before.clone()
-                        })
-                    {
+                    if now != (Stamp { hash: None, ..before.clone() }) {
                         return true;
                     }
                     match before.hash {
@@ -157,10 +149,7 @@ impl Snapshot {
 
 /// The mime type for a file name.
 pub fn mime_type(path: &Path) -> String {
-    mime_guess::from_path(path)
-        .first_or_octet_stream()
-        .essence_str()
-        .to_string()
+    mime_guess::from_path(path).first_or_octet_stream().essence_str().to_string()
 }
 
 /// Percent-encode a relative path for a URL, keeping the slashes.
@@ -199,22 +188,13 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
         let mut got: Vec<_> = snap.changed(root).into_iter().map(|e| e.path).collect();
         got.sort();
-        assert_eq!(
-            got,
-            vec![
-                PathBuf::from("keep.txt"),
-                PathBuf::from("sub/deeper/new.csv")
-            ]
-        );
+        assert_eq!(got, vec![PathBuf::from("keep.txt"), PathBuf::from("sub/deeper/new.csv")]);
     }
 
     #[test]
     fn encodes_urls() {
         assert_eq!(url_path(Path::new("a b/c#d.png")), "a%20b/c%23d.png");
         assert_eq!(mime_type(Path::new("x.png")), "image/png");
-        assert_eq!(
-            mime_type(Path::new("x.unknownext")),
-            "application/octet-stream"
-        );
+        assert_eq!(mime_type(Path::new("x.unknownext")), "application/octet-stream");
     }
 }

@@ -23,11 +23,7 @@ pub const DEFAULT_CONFIG_FILE: &str = "/etc/sandboxd/sandboxd.toml";
 /// the command line / environment, and the two are merged.
 #[derive(Debug, Clone, Default, Parser, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[command(
-    name = "sandboxd",
-    version,
-    about = "Runs untrusted Python in native Linux sandboxes and serves the results"
-)]
+#[command(name = "sandboxd", version, about = "Runs untrusted Python in native Linux sandboxes and serves the results")]
 pub struct Settings {
     /// Config file to read (default /etc/sandboxd/sandboxd.toml; a missing default file is fine).
     #[arg(long, env = "SANDBOXD_CONFIG")]
@@ -126,8 +122,9 @@ impl Config {
             None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
         };
         let file = match std::fs::read_to_string(&path) {
-            Ok(text) => toml::from_str::<Settings>(&text)
-                .map_err(|e| Error::Parse(path.clone(), e.message().to_string()))?,
+            Ok(text) => {
+                toml::from_str::<Settings>(&text).map_err(|e| Error::Parse(path.clone(), e.message().to_string()))?
+            }
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Settings::default(),
             Err(e) => return Err(Error::Read(path, e)),
         };
@@ -161,47 +158,34 @@ impl Config {
                 reason: format!("`{addr}` is not an address like 127.0.0.1:8181 ({e}); use \"off\" to disable HTTP"),
             })?),
         };
-        let tokens: Vec<String> = s
-            .tokens
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|t| !t.is_empty())
-            .collect();
+        let tokens: Vec<String> = s.tokens.unwrap_or_default().into_iter().filter(|t| !t.is_empty()).collect();
         if let Some(addr) = http {
             if !addr.ip().is_loopback() && tokens.is_empty() {
                 return Err(Error::Invalid {
                     key: "http",
-                    reason: format!("{addr} is not a loopback address: set `tokens` so that only clients with a token can run code"),
+                    reason: format!(
+                        "{addr} is not a loopback address: set `tokens` so that only clients with a token can run code"
+                    ),
                 });
             }
         }
         let log_format = s.log_format.unwrap_or_else(|| "text".into());
         if log_format != "text" && log_format != "json" {
-            return Err(Error::Invalid {
-                key: "log_format",
-                reason: format!("`{log_format}`; allowed: text, json"),
-            });
+            return Err(Error::Invalid { key: "log_format", reason: format!("`{log_format}`; allowed: text, json") });
         }
         let max_sessions = s.max_sessions.unwrap_or(32);
         if max_sessions == 0 || max_sessions > 10_000 {
-            return Err(Error::Invalid {
-                key: "max_sessions",
-                reason: format!("{max_sessions}; allowed: 1 to 10000"),
-            });
+            return Err(Error::Invalid { key: "max_sessions", reason: format!("{max_sessions}; allowed: 1 to 10000") });
         }
         let uid_base = s.uid_base.unwrap_or(600_000);
-        if uid_base < 1000 || uid_base > u32::MAX - 100_000 {
+        if !(1000..=u32::MAX - 100_000).contains(&uid_base) {
             return Err(Error::Invalid {
                 key: "uid_base",
                 reason: format!("{uid_base}; allowed: 1000 to {}", u32::MAX - 100_000),
             });
         }
         let instance = s.instance.unwrap_or_else(|| "sandboxd".into());
-        if instance.is_empty()
-            || !instance
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
+        if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             return Err(Error::Invalid {
                 key: "instance",
                 reason: format!("`{instance}`; allowed: letters, digits, - and _"),
@@ -213,17 +197,13 @@ impl Config {
             (None, None) => String::new(),
         };
         Ok(Config {
-            socket: s
-                .socket
-                .unwrap_or_else(|| "/run/sandboxd/sandboxd.sock".into()),
+            socket: s.socket.unwrap_or_else(|| "/run/sandboxd/sandboxd.sock".into()),
             socket_group: s.socket_group.unwrap_or_else(|| "sandboxd".into()),
             http,
             public_url,
             tokens,
             state_dir: s.state_dir.unwrap_or_else(|| "/var/lib/sandboxd".into()),
-            rootfs_tarball: s
-                .rootfs_tarball
-                .unwrap_or_else(|| "/var/cache/sandboxd/rootfs/current.tar.zst".into()),
+            rootfs_tarball: s.rootfs_tarball.unwrap_or_else(|| "/var/cache/sandboxd/rootfs/current.tar.zst".into()),
             policies_dir: s.policies_dir.unwrap_or_else(default_policies_dir),
             max_sessions,
             session_ttl_s: s.session_ttl_s.unwrap_or(1800),
@@ -265,64 +245,41 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let cli = Settings {
-            max_sessions: Some(5),
-            ..Default::default()
-        };
-        let file: Settings = toml::from_str("max_sessions = 7\nsession_ttl_s = 9").unwrap();
-        let merged = merge!(cli, file, max_sessions, session_ttl_s);
-        let merged = Settings {
-            max_sessions: merged.max_sessions,
-            session_ttl_s: merged.session_ttl_s,
-            ..Default::default()
-        };
-        let c = Config::from_settings(merged).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sandboxd.toml");
+        std::fs::write(&file, "max_sessions = 7\nsession_ttl_s = 9\n").unwrap();
+        let cli = Settings { config: Some(file), max_sessions: Some(5), ..Default::default() };
+        let c = Config::load(cli).unwrap();
         assert_eq!((c.max_sessions, c.session_ttl_s), (5, 9));
     }
 
     #[test]
+    fn a_named_config_file_must_exist_and_parse() {
+        let cli = Settings { config: Some("/nonexistent/sandboxd.toml".into()), ..Default::default() };
+        assert!(Config::load(cli).unwrap_err().to_string().contains("/nonexistent/sandboxd.toml"));
+    }
+
+    #[test]
     fn non_loopback_http_needs_tokens() {
-        let s = Settings {
-            http: Some("0.0.0.0:8181".into()),
-            ..Default::default()
-        };
+        let s = Settings { http: Some("0.0.0.0:8181".into()), ..Default::default() };
         let err = Config::from_settings(s).unwrap_err().to_string();
         assert!(err.contains("`http`") && err.contains("tokens"), "{err}");
-        let s = Settings {
-            http: Some("0.0.0.0:8181".into()),
-            tokens: Some(vec!["t".into()]),
-            ..Default::default()
-        };
+        let s = Settings { http: Some("0.0.0.0:8181".into()), tokens: Some(vec!["t".into()]), ..Default::default() };
         assert!(Config::from_settings(s).is_ok());
     }
 
     #[test]
     fn bad_values_name_the_key() {
-        let s = Settings {
-            http: Some("nonsense".into()),
-            ..Default::default()
-        };
-        assert!(Config::from_settings(s)
-            .unwrap_err()
-            .to_string()
-            .contains("`http`"));
-        let s = Settings {
-            log_format: Some("xml".into()),
-            ..Default::default()
-        };
-        assert!(Config::from_settings(s)
-            .unwrap_err()
-            .to_string()
-            .contains("`log_format`"));
+        let s = Settings { http: Some("nonsense".into()), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`http`"));
+        let s = Settings { log_format: Some("xml".into()), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`log_format`"));
         assert!(toml::from_str::<Settings>("nope = 1").is_err());
     }
 
     #[test]
     fn tokens_are_not_printed() {
-        let s = Settings {
-            tokens: Some(vec!["secret".into()]),
-            ..Default::default()
-        };
+        let s = Settings { tokens: Some(vec!["secret".into()]), ..Default::default() };
         let text = Config::from_settings(s).unwrap().to_toml();
         assert!(!text.contains("secret"));
     }

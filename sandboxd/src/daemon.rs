@@ -39,9 +39,7 @@ pub enum Error {
 fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if config.log_format == "json" {
         builder.json().init();
     } else {
@@ -54,16 +52,13 @@ pub fn run(config: Config) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::NotRoot);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::Runtime)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Error::Runtime)?;
     runtime.block_on(serve(config))
 }
 
 async fn serve(config: Config) -> Result<(), Error> {
-    std::fs::create_dir_all(&config.state_dir)
-        .map_err(|e| Error::State(config.state_dir.clone(), e))?;
+    std::fs::create_dir_all(&config.state_dir).map_err(|e| Error::State(config.state_dir.clone(), e))?;
+    check_searchable(&config.state_dir)?;
     let policies = policy::load_dir(&config.policies_dir)?;
     tracing::info!(dir = %config.policies_dir.display(), names = ?policies.keys().collect::<Vec<_>>(), "policies loaded");
 
@@ -83,28 +78,16 @@ async fn serve(config: Config) -> Result<(), Error> {
         .map_err(|e| Error::State(config.state_dir.clone(), std::io::Error::other(e)))??;
     tracing::info!(path = %rootfs.path.display(), python = %rootfs.manifest["python_version"], "rootfs ready");
 
-    let sessions = Manager::new(
-        &config.state_dir,
-        policies,
-        config.max_sessions,
-        config.session_ttl_s,
-        config.uid_base,
-    )
-    .map_err(|e| Error::State(config.state_dir.clone(), e))?;
+    let sessions =
+        Manager::new(&config.state_dir, policies, config.max_sessions, config.session_ttl_s, config.uid_base)
+            .map_err(|e| Error::State(config.state_dir.clone(), e))?;
     let recovered = sessions.recover();
     if recovered > 0 {
-        tracing::info!(
-            sessions = recovered,
-            "took back sessions from an earlier run"
-        );
+        tracing::info!(sessions = recovered, "took back sessions from an earlier run");
     }
     let state = Arc::new(AppState {
         sessions: Arc::new(sessions),
-        ctx: Context {
-            cgroups,
-            rootfs: rootfs.path.clone(),
-            public_url: config.public_url.clone(),
-        },
+        ctx: Context { cgroups, rootfs: rootfs.path.clone(), public_url: config.public_url.clone() },
         token_hashes: config.tokens.iter().map(|t| api::token_hash(t)).collect(),
         version: env!("CARGO_PKG_VERSION"),
         rootfs_sha256: rootfs.sha256.clone(),
@@ -127,9 +110,7 @@ async fn serve(config: Config) -> Result<(), Error> {
             .await
     });
     if let Some(addr) = config.http {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| Error::Listen(addr.to_string(), e))?;
+        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
         tracing::info!(%addr, "listening on HTTP");
         let app = api::router(state.clone(), Listener::Http);
         let mut rx = stop_rx.clone();
@@ -152,11 +133,7 @@ async fn serve(config: Config) -> Result<(), Error> {
 
     notify_systemd("READY=1");
     wait_for_signal().await;
-    tracing::info!(
-        grace_s = config.shutdown_grace_s,
-        running = state.sessions.busy_count(),
-        "shutting down"
-    );
+    tracing::info!(grace_s = config.shutdown_grace_s, running = state.sessions.busy_count(), "shutting down");
     notify_systemd("STOPPING=1");
     state.draining.store(true, Ordering::SeqCst);
     let _ = stop_tx.send(true);
@@ -176,6 +153,27 @@ async fn serve(config: Config) -> Result<(), Error> {
     }
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Sandboxes bind their rootfs and workspace from below the state directory as an
+/// unprivileged host uid, so every directory above it must be searchable by others.
+fn check_searchable(dir: &std::path::Path) -> Result<(), Error> {
+    let dir = std::fs::canonicalize(dir).map_err(|e| Error::State(dir.into(), e))?;
+    for ancestor in dir.ancestors().skip(1) {
+        let mode = std::fs::metadata(ancestor).map_err(|e| Error::State(ancestor.into(), e))?.permissions().mode();
+        if mode & 0o001 == 0 {
+            return Err(Error::State(
+                dir.clone(),
+                std::io::Error::other(format!(
+                    "it is below {} (mode {:o}), which sandboxes cannot pass through: pick a state_dir whose parent directories are searchable by others (like /var/lib/sandboxd), or chmod o+x {}",
+                    ancestor.display(),
+                    mode & 0o7777,
+                    ancestor.display()
+                )),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -199,9 +197,7 @@ fn bind_unix(config: &Config) -> Result<tokio::net::UnixListener, Error> {
     let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
     match nix::unistd::Group::from_name(&config.socket_group) {
-        Ok(Some(group)) => {
-            std::os::unix::fs::chown(path, None, Some(group.gid.as_raw())).map_err(err)?
-        }
+        Ok(Some(group)) => std::os::unix::fs::chown(path, None, Some(group.gid.as_raw())).map_err(err)?,
         _ => {
             tracing::info!(group = %config.socket_group, "socket group does not exist: the socket is usable by root only")
         }
@@ -211,10 +207,7 @@ fn bind_unix(config: &Config) -> Result<tokio::net::UnixListener, Error> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         // Without signal handlers the daemon can only be killed; keep serving.
         std::future::pending::<()>().await;
         return;

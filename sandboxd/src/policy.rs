@@ -17,12 +17,7 @@ pub enum Error {
     #[error("policy {0}: {1}")]
     Parse(PathBuf, String),
     #[error("policy {file}: field `{field}` is {value}; allowed: {allowed}")]
-    Invalid {
-        file: PathBuf,
-        field: &'static str,
-        value: String,
-        allowed: String,
-    },
+    Invalid { file: PathBuf, field: &'static str, value: String, allowed: String },
     #[error("no policy named `default` in {0}: add default.toml")]
     NoDefault(PathBuf),
 }
@@ -145,8 +140,7 @@ impl Policy {
 
 /// Parse and validate one policy file's text.
 pub fn parse(name: &str, text: &str, file: &Path) -> Result<Policy, Error> {
-    let mut policy: Policy =
-        toml::from_str(text).map_err(|e| Error::Parse(file.into(), e.message().to_string()))?;
+    let mut policy: Policy = toml::from_str(text).map_err(|e| Error::Parse(file.into(), e.message().to_string()))?;
     policy.name = name.to_string();
     policy.validate(file)?;
     Ok(policy)
@@ -198,10 +192,7 @@ mod tests {
     #[test]
     fn out_of_range_values_name_the_field_and_the_range() {
         let err = p("pids = 1").unwrap_err().to_string();
-        assert!(
-            err.contains("`pids`") && err.contains("from 4 to 65536"),
-            "{err}"
-        );
+        assert!(err.contains("`pids`") && err.contains("from 4 to 65536"), "{err}");
         let err = p("cpus = 0.0").unwrap_err().to_string();
         assert!(err.contains("`cpus`"), "{err}");
         let err = p("network = \"host\"").unwrap_err().to_string();

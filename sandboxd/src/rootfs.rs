@@ -19,11 +19,7 @@ pub enum Error {
     #[error("unpacking {0}: {1}")]
     Unpack(PathBuf, io::Error),
     #[error("rootfs tarball {path} has sha256 {actual}, but {path}.sha256 says {expected}: the file is damaged or was replaced; rebuild it")]
-    HashMismatch {
-        path: PathBuf,
-        expected: String,
-        actual: String,
-    },
+    HashMismatch { path: PathBuf, expected: String, actual: String },
     #[error("rootfs {0} has no /opt/sandboxd/manifest.json: it was not built by rootfs/build.sh")]
     NoManifest(PathBuf),
 }
@@ -54,10 +50,7 @@ impl<R: Read> Read for HashingReader<R> {
 pub fn ensure(tarball: &Path, state_dir: &Path) -> Result<Rootfs, Error> {
     let tarball = fs::canonicalize(tarball).map_err(|_| Error::Missing(tarball.into()))?;
     let sidecar = PathBuf::from(format!("{}.sha256", tarball.display()));
-    let expected = fs::read_to_string(&sidecar)
-        .map_err(|e| Error::Read(sidecar.clone(), e))?
-        .trim()
-        .to_string();
+    let expected = fs::read_to_string(&sidecar).map_err(|e| Error::Read(sidecar.clone(), e))?.trim().to_string();
     let dir = state_dir.join("rootfs");
     fs::create_dir_all(&dir).map_err(|e| Error::Unpack(dir.clone(), e))?;
     remove_partial(&dir);
@@ -70,11 +63,7 @@ pub fn ensure(tarball: &Path, state_dir: &Path) -> Result<Rootfs, Error> {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .ok_or_else(|| Error::NoManifest(target.clone()))?;
-    Ok(Rootfs {
-        path: target,
-        sha256: expected,
-        manifest,
-    })
+    Ok(Rootfs { path: target, sha256: expected, manifest })
 }
 
 fn remove_partial(dir: &Path) {
@@ -92,10 +81,7 @@ fn unpack(tarball: &Path, dir: &Path, target: &Path, expected: &str) -> Result<(
     let partial = dir.join(format!(".partial-{expected}-{}", std::process::id()));
     tracing::info!(tarball = %tarball.display(), into = %target.display(), "unpacking the rootfs (once)");
     let file = fs::File::open(tarball).map_err(|e| Error::Read(tarball.into(), e))?;
-    let mut hashing = HashingReader {
-        inner: io::BufReader::new(file),
-        hasher: Sha256::new(),
-    };
+    let mut hashing = HashingReader { inner: io::BufReader::new(file), hasher: Sha256::new() };
     let result = (|| -> io::Result<()> {
         let decoder = zstd::stream::read::Decoder::new(&mut hashing)?;
         let mut archive = tar::Archive::new(decoder);
@@ -115,11 +101,7 @@ fn unpack(tarball: &Path, dir: &Path, target: &Path, expected: &str) -> Result<(
     let actual = hex(&hashing.hasher.finalize());
     if actual != expected {
         let _ = fs::remove_dir_all(&partial);
-        return Err(Error::HashMismatch {
-            path: tarball.into(),
-            expected: expected.into(),
-            actual,
-        });
+        return Err(Error::HashMismatch { path: tarball.into(), expected: expected.into(), actual });
     }
     fs::rename(&partial, target).map_err(|e| Error::Unpack(target.into(), e))?;
     Ok(())

@@ -125,10 +125,7 @@ pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, ApiError>
         ));
     }
     if req.code.contains('\0') {
-        return Err(ApiError::new(
-            Code::InvalidRequest,
-            "code contains a NUL byte: remove it",
-        ));
+        return Err(ApiError::new(Code::InvalidRequest, "code contains a NUL byte: remove it"));
     }
     match req.timeout_s {
         None => Ok(Duration::from_secs(policy.timeout_s)),
@@ -164,10 +161,7 @@ pub async fn execute(
             ],
             Some(req.code.clone()),
         ),
-        Language::Shell => (
-            vec!["/bin/bash".to_string(), "-c".to_string(), req.code.clone()],
-            None,
-        ),
+        Language::Shell => (vec!["/bin/bash".to_string(), "-c".to_string(), req.code.clone()], None),
     };
     let workspace = lease.workspace.clone();
     let snapshot = {
@@ -196,25 +190,17 @@ pub async fn execute(
             hostname: "sandbox".into(),
             daemon_pid: std::process::id(),
         },
-        limits: cgroup::Limits {
-            memory_bytes: policy.memory_bytes(),
-            cpus: policy.cpus,
-            pids: policy.pids,
-        },
+        limits: cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids },
         timeout,
         grace: Duration::from_secs(policy.grace_s),
         output_limit: policy.output_bytes(),
     };
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = %req.code, "run code");
-    let outcome = isolate::run(&ctx.cgroups, run, chunks, lease.cancel.clone())
-        .await
-        .map_err(|e| match e {
-            isolate::Error::Setup { step, error } => {
-                ApiError::internal(&format!("building the sandbox ({step})"), error)
-            }
-            other => ApiError::internal("running the sandbox", other),
-        })?;
+    let outcome = isolate::run(&ctx.cgroups, run, chunks, lease.cancel.clone()).await.map_err(|e| match e {
+        isolate::Error::Setup { step, error } => ApiError::internal(&format!("building the sandbox ({step})"), error),
+        other => ApiError::internal("running the sandbox", other),
+    })?;
 
     let (artifacts, artifacts_truncated) = {
         let ws = workspace.clone();
@@ -235,12 +221,7 @@ pub async fn execute(
                 };
                 Artifact {
                     mime_type: artifacts::mime_type(&e.path),
-                    url: format!(
-                        "{}/v1/sessions/{}/files/{}",
-                        ctx.public_url,
-                        lease.id,
-                        artifacts::url_path(&e.path)
-                    ),
+                    url: format!("{}/v1/sessions/{}/files/{}", ctx.public_url, lease.id, artifacts::url_path(&e.path)),
                     size_bytes: e.size,
                     path: name,
                     kind,
@@ -280,7 +261,5 @@ pub async fn execute(
 }
 
 pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| format!("SIG{sig}"))
+    nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
 }

@@ -94,12 +94,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 
 /// Session ids: `^[A-Za-z0-9_-]{1,64}$`.
 pub fn validate_id(id: &str) -> Result<(), ApiError> {
-    if id.is_empty()
-        || id.len() > 64
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
         return Err(ApiError::new(
             Code::InvalidSessionId,
             format!("invalid session id {id:?}: use 1 to 64 letters, digits, `-` or `_`"),
@@ -127,10 +122,7 @@ impl Manager {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
         Ok(Manager {
             dir,
-            policies: policies
-                .into_iter()
-                .map(|(k, v)| (k, Arc::new(v)))
-                .collect(),
+            policies: policies.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
             max_sessions,
             default_ttl_s,
             uid_base,
@@ -150,10 +142,7 @@ impl Manager {
             let known: Vec<&str> = self.policies.keys().map(String::as_str).collect();
             ApiError::new(
                 Code::PolicyNotFound,
-                format!(
-                    "no policy named {name:?}; known policies: {}",
-                    known.join(", ")
-                ),
+                format!("no policy named {name:?}; known policies: {}", known.join(", ")),
             )
         })
     }
@@ -190,7 +179,10 @@ impl Manager {
     }
 
     fn not_found(id: &str) -> ApiError {
-        ApiError::new(Code::SessionNotFound, format!("no session {id:?}: it was closed, expired or never made; create one with POST /v1/sessions"))
+        ApiError::new(
+            Code::SessionNotFound,
+            format!("no session {id:?}: it was closed, expired or never made; create one with POST /v1/sessions"),
+        )
     }
 
     /// Make a new session. `owner` is the caller's token identity, if any.
@@ -212,19 +204,14 @@ impl Manager {
         };
         if let Some(ttl) = ttl_s {
             if ttl == 0 || ttl > 30 * 86400 {
-                return Err(ApiError::new(
-                    Code::InvalidRequest,
-                    "ttl_s must be from 1 to 2592000 seconds",
-                ));
+                return Err(ApiError::new(Code::InvalidRequest, "ttl_s must be from 1 to 2592000 seconds"));
             }
         }
         let mut map = self.lock();
         if map.contains_key(&id) {
             return Err(ApiError::new(
                 Code::SessionExists,
-                format!(
-                    "session {id:?} already exists: use it, close it first, or pick another id"
-                ),
+                format!("session {id:?} already exists: use it, close it first, or pick another id"),
             ));
         }
         if map.len() >= self.max_sessions {
@@ -252,29 +239,14 @@ impl Manager {
         };
         let workspace = self.workspace(&id);
         let made = std::fs::create_dir_all(&workspace)
-            .and_then(|_| {
-                std::fs::set_permissions(
-                    self.session_dir(&id),
-                    std::fs::Permissions::from_mode(0o711),
-                )
-            })
-            .and_then(|_| {
-                std::fs::set_permissions(&workspace, std::fs::Permissions::from_mode(0o700))
-            })
+            .and_then(|_| std::fs::set_permissions(self.session_dir(&id), std::fs::Permissions::from_mode(0o711)))
+            .and_then(|_| std::fs::set_permissions(&workspace, std::fs::Permissions::from_mode(0o700)))
             .and_then(|_| std::os::unix::fs::chown(&workspace, Some(uid), Some(uid)));
         if let Err(e) = made {
             let _ = std::fs::remove_dir_all(self.session_dir(&id));
             return Err(ApiError::internal("creating the session workspace", e));
         }
-        map.insert(
-            id,
-            Live {
-                info: info.clone(),
-                last_used: now,
-                busy: false,
-                cancel: None,
-            },
-        );
+        map.insert(id, Live { info: info.clone(), last_used: now, busy: false, cancel: None });
         drop(map);
         self.persist(&info);
         tracing::info!(session_id = %info.id, policy = %info.policy, "session created");
@@ -285,10 +257,7 @@ impl Manager {
         validate_id(id)?;
         let map = self.lock();
         match map.get(id) {
-            Some(live) if Self::visible(live, owner) => Ok(SessionInfo {
-                busy: live.busy,
-                ..live.info.clone()
-            }),
+            Some(live) if Self::visible(live, owner) => Ok(SessionInfo { busy: live.busy, ..live.info.clone() }),
             _ => Err(Self::not_found(id)),
         }
     }
@@ -298,10 +267,7 @@ impl Manager {
         let mut v: Vec<SessionInfo> = map
             .values()
             .filter(|l| Self::visible(l, owner))
-            .map(|l| SessionInfo {
-                busy: l.busy,
-                ..l.info.clone()
-            })
+            .map(|l| SessionInfo { busy: l.busy, ..l.info.clone() })
             .collect();
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v
@@ -320,7 +286,10 @@ impl Manager {
             _ => return Err(Self::not_found(id)),
         };
         if live.busy {
-            return Err(ApiError::new(Code::SessionBusy, format!("session {id:?} is running code: wait for that run to finish, or use another session")));
+            return Err(ApiError::new(
+                Code::SessionBusy,
+                format!("session {id:?} is running code: wait for that run to finish, or use another session"),
+            ));
         }
         let policy = self.policy(Some(&live.info.policy))?;
         let (tx, rx) = watch::channel(false);
@@ -375,9 +344,7 @@ impl Manager {
             .lock()
             .values()
             .filter(|l| {
-                !l.busy
-                    && now.duration_since(l.last_used).unwrap_or_default()
-                        > Duration::from_secs(l.info.ttl_s)
+                !l.busy && now.duration_since(l.last_used).unwrap_or_default() > Duration::from_secs(l.info.ttl_s)
             })
             .map(|l| l.info.id.clone())
             .collect();
@@ -409,32 +376,22 @@ impl Manager {
         let mut taken = 0;
         for entry in entries.flatten() {
             let path = entry.path();
-            let info: Option<SessionInfo> = std::fs::read(path.join("session.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            let Some(info) = info.filter(|i| {
-                validate_id(&i.id).is_ok() && path.file_name() == Some(std::ffi::OsStr::new(&i.id))
-            }) else {
+            let info: Option<SessionInfo> =
+                std::fs::read(path.join("session.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+            let Some(info) =
+                info.filter(|i| validate_id(&i.id).is_ok() && path.file_name() == Some(std::ffi::OsStr::new(&i.id)))
+            else {
                 tracing::warn!(path = %path.display(), "removing a session directory without a valid session.json");
                 let _ = std::fs::remove_dir_all(&path);
                 continue;
             };
             let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
-            let expired =
-                now.duration_since(last_used).unwrap_or_default() > Duration::from_secs(info.ttl_s);
+            let expired = now.duration_since(last_used).unwrap_or_default() > Duration::from_secs(info.ttl_s);
             if expired || !self.policies.contains_key(&info.policy) {
                 let _ = std::fs::remove_dir_all(&path);
                 continue;
             }
-            self.lock().insert(
-                info.id.clone(),
-                Live {
-                    info,
-                    last_used,
-                    busy: false,
-                    cancel: None,
-                },
-            );
+            self.lock().insert(info.id.clone(), Live { info, last_used, busy: false, cancel: None });
             taken += 1;
         }
         taken

@@ -31,9 +31,7 @@ pub enum Error {
 /// long. Returns the normalised relative path.
 pub fn validate(path: &str) -> Result<PathBuf, Error> {
     let bad = |why: &str| {
-        Error::InvalidPath(format!(
-            "invalid path {path:?}: {why}; use a relative path like `out/chart.png`"
-        ))
+        Error::InvalidPath(format!("invalid path {path:?}: {why}; use a relative path like `out/chart.png`"))
     };
     if path.is_empty() {
         return Err(bad("it is empty"));
@@ -66,15 +64,12 @@ pub fn validate(path: &str) -> Result<PathBuf, Error> {
 }
 
 fn how(flags: OFlag, mode: u32) -> OpenHow {
-    OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
-        .mode(Mode::from_bits_truncate(mode))
-        .resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        )
+    OpenHow::new().flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW).mode(Mode::from_bits_truncate(mode)).resolve(
+        ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS
+            | ResolveFlag::RESOLVE_NO_XDEV,
+    )
 }
 
 fn display(rel: &Path) -> String {
@@ -97,12 +92,8 @@ pub struct Workspace {
 
 impl Workspace {
     pub fn open(dir: &Path) -> Result<Workspace, Error> {
-        let root = nix::fcntl::open(
-            dir,
-            OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| Error::Io(dir.display().to_string(), e.into()))?;
+        let root = nix::fcntl::open(dir, OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|e| Error::Io(dir.display().to_string(), e.into()))?;
         Ok(Workspace { root })
     }
 
@@ -164,26 +155,18 @@ impl Workspace {
     /// Delete a file (never a directory, never through a link).
     pub fn remove(&self, rel: &Path) -> Result<(), Error> {
         let parent = rel.parent().filter(|p| !p.as_os_str().is_empty());
-        let name = rel
-            .file_name()
-            .ok_or_else(|| Error::InvalidPath(display(rel)))?;
+        let name = rel.file_name().ok_or_else(|| Error::InvalidPath(display(rel)))?;
         let dir = match parent {
             Some(p) => open_at(&self.root, p, OFlag::O_DIRECTORY | OFlag::O_RDONLY, 0)?,
-            None => self
-                .root
-                .try_clone()
-                .map_err(|e| Error::Io(display(rel), e))?,
+            None => self.root.try_clone().map_err(|e| Error::Io(display(rel), e))?,
         };
-        let st = nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(|e| match e {
+        let st =
+            nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| match e {
                 nix::Error::ENOENT => Error::NotFound(display(rel)),
                 other => Error::Io(display(rel), other.into()),
             })?;
         if (st.st_mode & libc::S_IFMT) == libc::S_IFDIR {
-            return Err(Error::InvalidPath(format!(
-                "{} is a directory; delete the files in it",
-                display(rel)
-            )));
+            return Err(Error::InvalidPath(format!("{} is a directory; delete the files in it", display(rel))));
         }
         nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
             .map_err(|e| Error::Io(display(rel), e.into()))
@@ -197,27 +180,13 @@ mod tests {
     #[test]
     fn accepts_plain_relative_paths() {
         assert_eq!(validate("a.txt").unwrap(), PathBuf::from("a.txt"));
-        assert_eq!(
-            validate("out/sub/c.png").unwrap(),
-            PathBuf::from("out/sub/c.png")
-        );
+        assert_eq!(validate("out/sub/c.png").unwrap(), PathBuf::from("out/sub/c.png"));
         assert_eq!(validate("..hidden").unwrap(), PathBuf::from("..hidden"));
     }
 
     #[test]
     fn refuses_traversal_absolute_nul_and_empty_parts() {
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../../x",
-            "a/./b",
-            "a//b",
-            "a/",
-            "x\0y",
-            "a\\..\\b",
-            ".",
-        ] {
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", "a/./b", "a//b", "a/", "x\0y", "a\\..\\b", "."] {
             assert!(validate(bad).is_err(), "{bad:?} must be refused");
         }
     }
@@ -231,21 +200,12 @@ mod tests {
         std::fs::write(dir.path().join("real"), b"x").unwrap();
         std::fs::hard_link(dir.path().join("real"), dir.path().join("hard")).unwrap();
         let ws = Workspace::open(dir.path()).unwrap();
-        assert!(matches!(
-            ws.open_read(Path::new("link")),
-            Err(Error::NotRegular(_))
-        ));
+        assert!(matches!(ws.open_read(Path::new("link")), Err(Error::NotRegular(_))));
         assert!(ws.open_read(Path::new("dirlink/passwd")).is_err());
-        assert!(matches!(
-            ws.open_read(Path::new("hard")),
-            Err(Error::NotRegular(_))
-        ));
+        assert!(matches!(ws.open_read(Path::new("hard")), Err(Error::NotRegular(_))));
         assert!(ws.create(Path::new("link"), true, 0).is_err());
         assert!(ws.create(Path::new("dirlink/x"), true, 0).is_err());
-        assert!(matches!(
-            ws.open_read(Path::new("missing")),
-            Err(Error::NotFound(_))
-        ));
+        assert!(matches!(ws.open_read(Path::new("missing")), Err(Error::NotFound(_))));
     }
 
     #[test]
@@ -254,15 +214,9 @@ mod tests {
         let ws = Workspace::open(dir.path()).unwrap();
         let uid = nix::unistd::getuid().as_raw();
         ws.create(Path::new("d/e/f.txt"), false, uid).unwrap();
-        assert!(matches!(
-            ws.create(Path::new("d/e/f.txt"), false, uid),
-            Err(Error::Exists(_))
-        ));
+        assert!(matches!(ws.create(Path::new("d/e/f.txt"), false, uid), Err(Error::Exists(_))));
         ws.create(Path::new("d/e/f.txt"), true, uid).unwrap();
         ws.remove(Path::new("d/e/f.txt")).unwrap();
-        assert!(matches!(
-            ws.remove(Path::new("d/e/f.txt")),
-            Err(Error::NotFound(_))
-        ));
+        assert!(matches!(ws.remove(Path::new("d/e/f.txt")), Err(Error::NotFound(_))));
     }
 }

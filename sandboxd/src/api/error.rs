@@ -30,9 +30,7 @@ impl Code {
     pub fn status(self) -> StatusCode {
         use Code::*;
         match self {
-            InvalidRequest | InvalidSessionId | InvalidPath | PolicyNotFound => {
-                StatusCode::BAD_REQUEST
-            }
+            InvalidRequest | InvalidSessionId | InvalidPath | PolicyNotFound => StatusCode::BAD_REQUEST,
             Unauthorized => StatusCode::UNAUTHORIZED,
             SessionNotFound | NotFound => StatusCode::NOT_FOUND,
             FileExists | SessionExists | SessionBusy => StatusCode::CONFLICT,
@@ -75,16 +73,18 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        ApiError {
-            code,
-            message: message.into(),
-        }
+        ApiError { code, message: message.into() }
     }
 
     /// An internal failure: logged in full, reported without host details.
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
         tracing::error!(error = %err, "{context}");
-        ApiError::new(Code::Internal, format!("{context} failed on the server; the daemon log has the cause. Retry, and report it if it persists"))
+        ApiError::new(
+            Code::Internal,
+            format!(
+                "{context} failed on the server; the daemon log has the cause. Retry, and report it if it persists"
+            ),
+        )
     }
 
     pub fn body(&self) -> serde_json::Value {

@@ -40,8 +40,7 @@ impl From<workspace::Error> for ApiError {
             e @ workspace::Error::Exists(_) => ApiError::new(Code::FileExists, e.to_string()),
             e @ workspace::Error::NotRegular(_) => ApiError::new(Code::InvalidPath, e.to_string()),
             workspace::Error::Io(p, e)
-                if e.raw_os_error() == Some(libc::ENOSPC)
-                    || e.raw_os_error() == Some(libc::EDQUOT) =>
+                if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) =>
             {
                 ApiError::new(
                     Code::UploadTooLarge,
@@ -57,10 +56,7 @@ impl From<workspace::Error> for ApiError {
 /// looks encoded after that was encoded twice: refused, never decoded again.
 fn checked_path(raw: &str) -> Result<std::path::PathBuf, ApiError> {
     let lower = raw.to_ascii_lowercase();
-    if ["%2e", "%2f", "%5c", "%00"]
-        .iter()
-        .any(|s| lower.contains(s))
-    {
+    if ["%2e", "%2f", "%5c", "%00"].iter().any(|s| lower.contains(s)) {
         return Err(ApiError::new(
             Code::InvalidPath,
             format!("invalid path {raw:?}: it is percent-encoded twice; encode a path once"),
@@ -96,15 +92,10 @@ pub async fn list(
         files
             .into_iter()
             .map(|(path, meta)| FileEntry {
-                url: format!(
-                    "{base}/v1/sessions/{id}/files/{}",
-                    artifacts::url_path(&path)
-                ),
+                url: format!("{base}/v1/sessions/{id}/files/{}", artifacts::url_path(&path)),
                 mime_type: artifacts::mime_type(&path),
                 size_bytes: meta.len(),
-                modified_at: crate::session::rfc3339(
-                    meta.modified().unwrap_or(std::time::UNIX_EPOCH),
-                ),
+                modified_at: crate::session::rfc3339(meta.modified().unwrap_or(std::time::UNIX_EPOCH)),
                 path: path.to_string_lossy().into_owned(),
             })
             .collect(),
@@ -121,22 +112,14 @@ pub async fn download(
     let rel = checked_path(&path)?;
     let (ws, _) = open_workspace(&state, &caller, &id)?;
     let (file, meta) = ws.open_read(&rel)?;
-    let name = rel
-        .file_name()
-        .map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_"))
-        .unwrap_or_default();
-    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
-        tokio::fs::File::from_std(file),
-        256 * 1024,
-    ));
+    let name = rel.file_name().map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_")).unwrap_or_default();
+    let body =
+        Body::from_stream(tokio_util::io::ReaderStream::with_capacity(tokio::fs::File::from_std(file), 256 * 1024));
     Ok((
         [
             (header::CONTENT_TYPE, artifacts::mime_type(&rel)),
             (header::CONTENT_LENGTH, meta.len().to_string()),
-            (
-                header::CONTENT_DISPOSITION,
-                format!("inline; filename=\"{name}\""),
-            ),
+            (header::CONTENT_DISPOSITION, format!("inline; filename=\"{name}\"")),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
         ],
         body,
@@ -173,12 +156,8 @@ pub async fn upload(
     let mut stream = body.into_data_stream();
     let result: Result<(), ApiError> = async {
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                ApiError::new(
-                    Code::InvalidRequest,
-                    format!("reading the upload failed: {e}"),
-                )
-            })?;
+            let chunk =
+                chunk.map_err(|e| ApiError::new(Code::InvalidRequest, format!("reading the upload failed: {e}")))?;
             written += chunk.len() as u64;
             if written > limit {
                 return Err(ApiError::new(
@@ -189,13 +168,9 @@ pub async fn upload(
                     ),
                 ));
             }
-            writer
-                .write_all(&chunk)
-                .map_err(|e| ApiError::from(workspace::Error::Io(rel.display().to_string(), e)))?;
+            writer.write_all(&chunk).map_err(|e| ApiError::from(workspace::Error::Io(rel.display().to_string(), e)))?;
         }
-        writer
-            .flush()
-            .map_err(|e| ApiError::from(workspace::Error::Io(rel.display().to_string(), e)))?;
+        writer.flush().map_err(|e| ApiError::from(workspace::Error::Io(rel.display().to_string(), e)))?;
         Ok(())
     }
     .await;
@@ -205,11 +180,7 @@ pub async fn upload(
         let _ = ws.remove(&rel);
         return Err(e);
     }
-    let url = format!(
-        "{}/v1/sessions/{id}/files/{}",
-        state.ctx.public_url,
-        artifacts::url_path(&rel)
-    );
+    let url = format!("{}/v1/sessions/{id}/files/{}", state.ctx.public_url, artifacts::url_path(&rel));
     Ok((
         StatusCode::CREATED,
         Json(FileEntry {
@@ -232,7 +203,5 @@ pub async fn remove(
     let rel = checked_path(&path)?;
     let (ws, _) = open_workspace(&state, &caller, &id)?;
     ws.remove(&rel)?;
-    Ok(Json(
-        serde_json::json!({"status": "deleted", "path": rel.to_string_lossy()}),
-    ))
+    Ok(Json(serde_json::json!({"status": "deleted", "path": rel.to_string_lossy()})))
 }

@@ -60,22 +60,11 @@ pub fn router(state: Shared, listener: Listener) -> Router {
     let api = Router::new()
         .route("/v1/runs", post(runs::create_run))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
-        .route(
-            "/v1/sessions/{id}",
-            get(sessions::show).delete(sessions::close),
-        )
+        .route("/v1/sessions/{id}", get(sessions::show).delete(sessions::close))
         .route("/v1/sessions/{id}/runs", post(runs::session_run))
         .route("/v1/sessions/{id}/files", get(files::list))
-        .route(
-            "/v1/sessions/{id}/files/{*path}",
-            get(files::download)
-                .put(files::upload)
-                .delete(files::remove),
-        )
-        .layer(axum::middleware::from_fn_with_state(
-            (state.clone(), listener),
-            auth,
-        ));
+        .route("/v1/sessions/{id}/files/{*path}", get(files::download).put(files::upload).delete(files::remove))
+        .layer(axum::middleware::from_fn_with_state((state.clone(), listener), auth));
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi::document))
@@ -85,11 +74,7 @@ pub fn router(state: Shared, listener: Listener) -> Router {
         .with_state(state)
 }
 
-async fn auth(
-    State((state, listener)): State<(Shared, Listener)>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+async fn auth(State((state, listener)): State<(Shared, Listener)>, mut req: Request, next: Next) -> Response {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -114,11 +99,7 @@ async fn auth(
 async fn not_found(req: Request) -> ApiError {
     ApiError::new(
         Code::NotFound,
-        format!(
-            "no route {} {}: see GET /v1/openapi.json for the API",
-            req.method(),
-            req.uri().path()
-        ),
+        format!("no route {} {}: see GET /v1/openapi.json for the API", req.method(), req.uri().path()),
     )
 }
 
@@ -154,14 +135,13 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     too_large: Code,
 ) -> Result<T, ApiError> {
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(too_large, format!("request body is larger than {limit} bytes: send less code, or upload data as a file"))
+        ApiError::new(
+            too_large,
+            format!("request body is larger than {limit} bytes: send less code, or upload data as a file"),
+        )
     })?;
     if bytes.is_empty() {
-        return Err(ApiError::new(
-            Code::InvalidRequest,
-            "request body is empty: send a JSON object",
-        ));
+        return Err(ApiError::new(Code::InvalidRequest, "request body is empty: send a JSON object"));
     }
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(Code::InvalidRequest, format!("invalid JSON body: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::new(Code::InvalidRequest, format!("invalid JSON body: {e}")))
 }

@@ -6,10 +6,7 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(
-        title = "sandboxd",
-        description = "Run untrusted Python in native Linux sandboxes"
-    ),
+    info(title = "sandboxd", description = "Run untrusted Python in native Linux sandboxes"),
     paths(
         super::health,
         super::runs::create_run,

@@ -17,14 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Bodies bigger than the largest code any policy allows, plus JSON overhead.
 fn body_limit(state: &Shared) -> usize {
-    state
-        .sessions
-        .policies()
-        .map(|p| p.code_bytes())
-        .max()
-        .unwrap_or(100 * 1024)
-        * 6
-        + 64 * 1024
+    state.sessions.policies().map(|p| p.code_bytes()).max().unwrap_or(100 * 1024) * 6 + 64 * 1024
 }
 
 #[utoipa::path(post, path = "/v1/runs", request_body = RunRequest,
@@ -44,13 +37,8 @@ pub async fn create_run(
         }
         None => {
             run::validate(&req, &*state.sessions.policy(req.policy.as_deref())?)?;
-            let info = state.sessions.create(
-                None,
-                req.policy.as_deref(),
-                Mode::Script,
-                None,
-                caller.owner.as_deref(),
-            )?;
+            let info =
+                state.sessions.create(None, req.policy.as_deref(), Mode::Script, None, caller.owner.as_deref())?;
             state.sessions.lease(&info.id, caller.owner.as_deref())?
         }
     };
@@ -82,32 +70,24 @@ fn check_policy(req: &RunRequest, lease: &Lease) -> Result<(), ApiError> {
     match &req.policy {
         Some(p) if *p != lease.policy.name => Err(ApiError::new(
             Code::InvalidRequest,
-            format!("session {:?} uses policy {:?}; a session's policy is fixed: create a new session for policy {p:?}", lease.id, lease.policy.name),
+            format!(
+                "session {:?} uses policy {:?}; a session's policy is fixed: create a new session for policy {p:?}",
+                lease.id, lease.policy.name
+            ),
         )),
         _ => run::validate(req, &lease.policy).map(|_| ()),
     }
 }
 
 fn wants_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"))
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("text/event-stream"))
 }
 
 /// Run in a task of its own, so a client that goes away cannot abort a run halfway
 /// (its cgroup and files are always cleaned up), and answer as JSON or as events.
-async fn start(
-    state: Shared,
-    lease: Lease,
-    req: RunRequest,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
+async fn start(state: Shared, lease: Lease, req: RunRequest, headers: &HeaderMap) -> Result<Response, ApiError> {
     if state.draining.load(Ordering::SeqCst) {
-        return Err(ApiError::new(
-            Code::Unavailable,
-            "the daemon is shutting down: retry in a moment",
-        ));
+        return Err(ApiError::new(Code::Unavailable, "the daemon is shutting down: retry in a moment"));
     }
     let stream = wants_stream(headers);
     let (chunk_tx, chunk_rx) = if stream {
@@ -132,10 +112,7 @@ async fn start(
 }
 
 enum StreamState {
-    Output(
-        mpsc::Receiver<Chunk>,
-        oneshot::Receiver<Result<RunResult, ApiError>>,
-    ),
+    Output(mpsc::Receiver<Chunk>, oneshot::Receiver<Result<RunResult, ApiError>>),
     Finished,
 }
 
@@ -152,10 +129,7 @@ fn event_stream(
                         StreamKind::Stderr => "stderr",
                     };
                     let data = serde_json::json!({"text": chunk.text}).to_string();
-                    Some((
-                        Ok(Event::default().event(name).data(data)),
-                        StreamState::Output(rx, done),
-                    ))
+                    Some((Ok(Event::default().event(name).data(data)), StreamState::Output(rx, done)))
                 }
                 None => final_event(done).await,
             },
@@ -169,15 +143,11 @@ async fn final_event(
     done: oneshot::Receiver<Result<RunResult, ApiError>>,
 ) -> Option<(Result<Event, Infallible>, StreamState)> {
     let event = match done.await {
-        Ok(Ok(result)) => Event::default()
-            .event("result")
-            .data(serde_json::to_string(&result).unwrap_or_default()),
+        Ok(Ok(result)) => Event::default().event("result").data(serde_json::to_string(&result).unwrap_or_default()),
         Ok(Err(e)) => Event::default().event("error").data(e.body().to_string()),
-        Err(_) => Event::default().event("error").data(
-            ApiError::new(Code::Internal, "the run ended without a result")
-                .body()
-                .to_string(),
-        ),
+        Err(_) => Event::default()
+            .event("error")
+            .data(ApiError::new(Code::Internal, "the run ended without a result").body().to_string()),
     };
     Some((Ok(event), StreamState::Finished))
 }

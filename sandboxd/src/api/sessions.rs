@@ -37,12 +37,7 @@ pub async fn create(
     let req: CreateSession = if bytes.iter().all(u8::is_ascii_whitespace) {
         CreateSession::default()
     } else {
-        read_json(
-            axum::body::Body::from(bytes),
-            64 * 1024,
-            Code::InvalidRequest,
-        )
-        .await?
+        read_json(axum::body::Body::from(bytes), 64 * 1024, Code::InvalidRequest).await?
     };
     let info = state.sessions.create(
         req.id,
@@ -55,10 +50,7 @@ pub async fn create(
 }
 
 #[utoipa::path(get, path = "/v1/sessions", responses((status = 200, body = Vec<SessionInfo>)))]
-pub async fn list(
-    State(state): State<Shared>,
-    Extension(caller): Extension<Caller>,
-) -> Json<Vec<SessionInfo>> {
+pub async fn list(State(state): State<Shared>, Extension(caller): Extension<Caller>) -> Json<Vec<SessionInfo>> {
     Json(state.sessions.list(caller.owner.as_deref()))
 }
 

@@ -1,1 +1,329 @@
-fn main() {}
+//! `sandboxctl`: the command-line client. Talks to the daemon's Unix socket by
+//! default, or to its HTTP listener with `--url`.
+
+use clap::{CommandFactory, Parser, Subcommand};
+use sandboxd::client::{Client, ClientError};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "sandboxctl", version, about = "Run code in sandboxd and manage its sessions and files")]
+struct Cli {
+    /// The daemon's Unix socket.
+    #[arg(long, env = "SANDBOXD_SOCKET", default_value = "/run/sandboxd/sandboxd.sock", global = true)]
+    socket: PathBuf,
+    /// Talk to the daemon's HTTP listener instead, e.g. http://127.0.0.1:8181.
+    #[arg(long, env = "SANDBOXD_URL", global = true)]
+    url: Option<String>,
+    /// Bearer token, when the daemon has tokens configured.
+    #[arg(long, env = "SANDBOXD_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run Python (or, with --shell, a shell command) from FILE, or stdin with `-`.
+    /// Prints the program's output as it would and exits with its exit code.
+    Run {
+        /// File with the code; `-` or nothing reads stdin.
+        file: Option<PathBuf>,
+        /// Run in this session (files persist across its runs).
+        #[arg(long)]
+        session: Option<String>,
+        /// Wall-clock limit in seconds.
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// Policy for a new session.
+        #[arg(long)]
+        policy: Option<String>,
+        /// Treat the code as a shell command.
+        #[arg(long)]
+        shell: bool,
+        /// Print the whole run result as JSON instead.
+        #[arg(long)]
+        json: bool,
+        /// Download the run's artifacts into this directory.
+        #[arg(long)]
+        save: Option<PathBuf>,
+        /// Do not save open matplotlib figures.
+        #[arg(long)]
+        no_figures: bool,
+    },
+    /// Manage sessions.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
+    /// Manage a session's files.
+    Files {
+        #[command(subcommand)]
+        command: FilesCommand,
+    },
+    /// Check that the daemon is up.
+    Health,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+enum SessionsCommand {
+    /// List sessions.
+    Ls,
+    /// Create a session and print its id.
+    New {
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long)]
+        policy: Option<String>,
+        /// script or kernel.
+        #[arg(long)]
+        mode: Option<String>,
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
+    /// Show one session.
+    Show { id: String },
+    /// Close a session: kill its run and remove its files.
+    Rm { id: String },
+}
+
+#[derive(Subcommand)]
+enum FilesCommand {
+    /// List a session's files.
+    Ls { session: String },
+    /// Download a file (to stdout, or to --output).
+    Get {
+        session: String,
+        path: String,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Upload a local file (or stdin with `-`) to PATH in the session.
+    Put {
+        session: String,
+        local: PathBuf,
+        path: String,
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Delete a file.
+    Rm { session: String, path: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(shell, &mut Cli::command(), "sandboxctl", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandboxctl: cannot start: {e}");
+            return ExitCode::from(70);
+        }
+    };
+    let client = Client::new(cli.socket.clone(), cli.url.clone(), cli.token.clone());
+    match runtime.block_on(dispatch(&client, cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sandboxctl: {e}");
+            ExitCode::from(match e {
+                ClientError::Api { .. } => 2,
+                _ => 69,
+            })
+        }
+    }
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn read_input(file: Option<&PathBuf>) -> Result<Vec<u8>, ClientError> {
+    let mut data = vec![];
+    match file {
+        None => std::io::stdin().read_to_end(&mut data).map(|_| ()),
+        Some(p) if p.as_os_str() == "-" => std::io::stdin().read_to_end(&mut data).map(|_| ()),
+        Some(p) => std::fs::read(p).map(|d| data = d),
+    }
+    .map_err(|e| ClientError::Local(format!("reading the input: {e}")))?;
+    Ok(data)
+}
+
+async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientError> {
+    match command {
+        Command::Run { file, session, timeout, policy, shell, json, save, no_figures } => {
+            let code = String::from_utf8(read_input(file.as_ref())?)
+                .map_err(|_| ClientError::Local("the code is not UTF-8 text".into()))?;
+            let mut body = serde_json::json!({"code": code, "language": if shell { "shell" } else { "python" }});
+            if let Some(s) = session {
+                body["session_id"] = s.into();
+            }
+            if let Some(t) = timeout {
+                body["timeout_s"] = t.into();
+            }
+            if let Some(p) = policy {
+                body["policy"] = p.into();
+            }
+            if no_figures {
+                body["autosave_figures"] = false.into();
+            }
+            let result = client.json("POST", "/v1/runs", Some(body)).await?;
+            if let Some(dir) = &save {
+                save_artifacts(client, &result, dir).await?;
+            }
+            if json {
+                print_json(&result);
+            } else {
+                let out = result["stdout"].as_str().unwrap_or("");
+                let err = result["stderr"].as_str().unwrap_or("");
+                let _ = std::io::stdout().write_all(out.as_bytes());
+                let _ = std::io::stderr().write_all(err.as_bytes());
+                for (flag, name) in [("stdout_truncated", "stdout"), ("stderr_truncated", "stderr")] {
+                    if result[flag].as_bool() == Some(true) {
+                        eprintln!("sandboxctl: {name} was truncated at the policy's output limit");
+                    }
+                }
+                match result["status"].as_str() {
+                    Some("timeout") => eprintln!("sandboxctl: the run hit its time limit"),
+                    Some("oom") => eprintln!("sandboxctl: the run ran out of memory"),
+                    Some("killed") => eprintln!(
+                        "sandboxctl: the run was killed by {}",
+                        result["signal"].as_str().unwrap_or("a signal")
+                    ),
+                    _ => {}
+                }
+                if let Some(arts) = result["artifacts"].as_array().filter(|a| !a.is_empty()) {
+                    eprintln!("sandboxctl: session {} artifacts:", result["session_id"].as_str().unwrap_or(""));
+                    for a in arts {
+                        eprintln!("  {} ({} bytes)", a["path"].as_str().unwrap_or(""), a["size_bytes"]);
+                    }
+                }
+            }
+            Ok(exit_code(&result))
+        }
+        Command::Sessions { command } => {
+            match command {
+                SessionsCommand::Ls => {
+                    let list = client.json("GET", "/v1/sessions", None).await?;
+                    for s in list.as_array().into_iter().flatten() {
+                        println!(
+                            "{}\t{}\t{}\t{}\t{}",
+                            s["id"].as_str().unwrap_or(""),
+                            s["mode"].as_str().unwrap_or(""),
+                            s["policy"].as_str().unwrap_or(""),
+                            s["last_used_at"].as_str().unwrap_or(""),
+                            if s["busy"].as_bool() == Some(true) { "busy" } else { "idle" }
+                        );
+                    }
+                }
+                SessionsCommand::New { id, policy, mode, ttl } => {
+                    let mut body = serde_json::json!({});
+                    if let Some(v) = id {
+                        body["id"] = v.into();
+                    }
+                    if let Some(v) = policy {
+                        body["policy"] = v.into();
+                    }
+                    if let Some(v) = mode {
+                        body["mode"] = v.into();
+                    }
+                    if let Some(v) = ttl {
+                        body["ttl_s"] = v.into();
+                    }
+                    let s = client.json("POST", "/v1/sessions", Some(body)).await?;
+                    println!("{}", s["id"].as_str().unwrap_or(""));
+                }
+                SessionsCommand::Show { id } => {
+                    print_json(&client.json("GET", &format!("/v1/sessions/{id}"), None).await?)
+                }
+                SessionsCommand::Rm { id } => {
+                    client.json("DELETE", &format!("/v1/sessions/{id}"), None).await?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Files { command } => {
+            match command {
+                FilesCommand::Ls { session } => {
+                    let list = client.json("GET", &format!("/v1/sessions/{session}/files"), None).await?;
+                    for f in list.as_array().into_iter().flatten() {
+                        println!(
+                            "{}\t{}\t{}",
+                            f["size_bytes"],
+                            f["mime_type"].as_str().unwrap_or(""),
+                            f["path"].as_str().unwrap_or("")
+                        );
+                    }
+                }
+                FilesCommand::Get { session, path, output } => {
+                    let bytes = client.bytes("GET", &file_url(&session, &path), None).await?;
+                    match output {
+                        Some(p) => std::fs::write(&p, &bytes)
+                            .map_err(|e| ClientError::Local(format!("writing {}: {e}", p.display())))?,
+                        None => {
+                            let _ = std::io::stdout().write_all(&bytes);
+                        }
+                    }
+                }
+                FilesCommand::Put { session, local, path, overwrite } => {
+                    let data = read_input(Some(&local))?;
+                    let url =
+                        format!("{}{}", file_url(&session, &path), if overwrite { "?overwrite=true" } else { "" });
+                    let v = client.json_raw("PUT", &url, data).await?;
+                    println!("{}", v["path"].as_str().unwrap_or(""));
+                }
+                FilesCommand::Rm { session, path } => {
+                    client.json("DELETE", &file_url(&session, &path), None).await?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Health => {
+            print_json(&client.json("GET", "/v1/health", None).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn file_url(session: &str, path: &str) -> String {
+    format!("/v1/sessions/{session}/files/{}", sandboxd::artifacts::url_path(std::path::Path::new(path)))
+}
+
+/// The program's exit code; 124 for a timeout (as `timeout(1)`), 128+N for signal N.
+fn exit_code(result: &serde_json::Value) -> ExitCode {
+    if result["status"].as_str() == Some("timeout") {
+        return ExitCode::from(124);
+    }
+    if let Some(code) = result["exit_code"].as_i64() {
+        return ExitCode::from((code & 0xff) as u8);
+    }
+    let sig = result["signal"]
+        .as_str()
+        .and_then(|s| s.parse::<nix::sys::signal::Signal>().ok())
+        .map(|s| s as i32)
+        .unwrap_or(9);
+    ExitCode::from((128 + sig).min(255) as u8)
+}
+
+async fn save_artifacts(client: &Client, result: &serde_json::Value, dir: &std::path::Path) -> Result<(), ClientError> {
+    let session = result["session_id"].as_str().unwrap_or("");
+    for a in result["artifacts"].as_array().into_iter().flatten() {
+        let Some(path) = a["path"].as_str() else { continue };
+        let rel = sandboxd::workspace::validate(path).map_err(|e| ClientError::Local(e.to_string()))?;
+        let bytes = client.bytes("GET", &file_url(session, path), None).await?;
+        let target = dir.join(rel);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| ClientError::Local(format!("creating {}: {e}", parent.display())))?;
+        }
+        std::fs::write(&target, &bytes)
+            .map_err(|e| ClientError::Local(format!("writing {}: {e}", target.display())))?;
+    }
+    Ok(())
+}

@@ -36,22 +36,13 @@ pub const SECUREBITS: libc::c_ulong = SECBIT_NOROOT
 pub fn drop_all() -> Result<(), Error> {
     set_securebits(SECUREBITS)?;
     for cap in caps::all() {
-        caps::drop(None, CapSet::Bounding, cap)
-            .map_err(|e| Error::Caps("dropping the bounding set", e))?;
+        caps::drop(None, CapSet::Bounding, cap).map_err(|e| Error::Caps("dropping the bounding set", e))?;
     }
     caps::clear(None, CapSet::Ambient).map_err(|e| Error::Caps("clearing the ambient set", e))?;
-    setresgid(
-        Gid::from_raw(SANDBOX_GID),
-        Gid::from_raw(SANDBOX_GID),
-        Gid::from_raw(SANDBOX_GID),
-    )
-    .map_err(|e| Error::Sys("setresgid", e))?;
-    setresuid(
-        Uid::from_raw(SANDBOX_UID),
-        Uid::from_raw(SANDBOX_UID),
-        Uid::from_raw(SANDBOX_UID),
-    )
-    .map_err(|e| Error::Sys("setresuid", e))?;
+    setresgid(Gid::from_raw(SANDBOX_GID), Gid::from_raw(SANDBOX_GID), Gid::from_raw(SANDBOX_GID))
+        .map_err(|e| Error::Sys("setresgid", e))?;
+    setresuid(Uid::from_raw(SANDBOX_UID), Uid::from_raw(SANDBOX_UID), Uid::from_raw(SANDBOX_UID))
+        .map_err(|e| Error::Sys("setresuid", e))?;
     // The host uid we came from is not mapped in the namespace, so setresuid did not
     // clear the sets by itself: clear them explicitly (lowering needs no capability).
     let empty = CapsHashSet::new();

@@ -82,26 +82,14 @@ fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
             let mut r = right.split(' ');
             let fstype = r.next()?.to_string();
             let _source = r.next()?;
-            let super_options = r
-                .next()
-                .unwrap_or("")
-                .split(',')
-                .map(str::to_string)
-                .collect();
-            Some(MountInfo {
-                mount_point: PathBuf::from(unescape_octal(mount_point)),
-                fstype,
-                super_options,
-            })
+            let super_options = r.next().unwrap_or("").split(',').map(str::to_string).collect();
+            Some(MountInfo { mount_point: PathBuf::from(unescape_octal(mount_point)), fstype, super_options })
         })
         .collect()
 }
 
 fn unescape_octal(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 }
 
 /// `/proc/self/cgroup` as `(controllers, path)`; the v2 line has no controllers.
@@ -112,11 +100,7 @@ fn parse_proc_cgroup(text: &str) -> Vec<(Vec<String>, String)> {
             let _id = parts.next()?;
             let ctrls = parts.next()?;
             let path = parts.next()?.to_string();
-            let ctrls = if ctrls.is_empty() {
-                vec![]
-            } else {
-                ctrls.split(',').map(str::to_string).collect()
-            };
+            let ctrls = if ctrls.is_empty() { vec![] } else { ctrls.split(',').map(str::to_string).collect() };
             Some((ctrls, path))
         })
         .collect()
@@ -140,18 +124,11 @@ impl Cgroups {
     pub fn detect(instance: &str) -> Result<Self, Error> {
         let mounts = parse_mountinfo(&read(Path::new("/proc/self/mountinfo"))?);
         let own = parse_proc_cgroup(&read(Path::new("/proc/self/cgroup"))?);
-        let v2_path = own
-            .iter()
-            .find(|(c, _)| c.is_empty())
-            .map(|(_, p)| p.clone());
-        let v2_mount = mounts
-            .iter()
-            .find(|m| m.fstype == "cgroup2")
-            .map(|m| m.mount_point.clone());
+        let v2_path = own.iter().find(|(c, _)| c.is_empty()).map(|(_, p)| p.clone());
+        let v2_mount = mounts.iter().find(|m| m.fstype == "cgroup2").map(|m| m.mount_point.clone());
 
         if let (Some(mount), Some(path)) = (&v2_mount, &v2_path) {
-            let controllers =
-                fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            let controllers = fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
             let have: Vec<&str> = controllers.split_whitespace().collect();
             if ["memory", "cpu", "pids"].iter().all(|c| have.contains(c)) {
                 let own_dir = join_rel(mount, path);
@@ -171,11 +148,8 @@ impl Cgroups {
                 .iter()
                 .find(|m| m.fstype == "cgroup" && m.super_options.iter().any(|o| o == controller))
                 .ok_or(Error::MissingController(controller))?;
-            let path = own
-                .iter()
-                .find(|(c, _)| c.iter().any(|x| x == controller))
-                .map(|(_, p)| p.as_str())
-                .unwrap_or("/");
+            let path =
+                own.iter().find(|(c, _)| c.iter().any(|x| x == controller)).map(|(_, p)| p.as_str()).unwrap_or("/");
             let base = join_rel(&mount.mount_point, path).join(instance);
             fs::create_dir_all(&base).map_err(|e| Error::Create(base.clone(), e))?;
             Ok(base)
@@ -197,13 +171,7 @@ impl Cgroups {
             }
             _ => None,
         };
-        Ok(Cgroups {
-            version: Version::V1,
-            memory,
-            cpu,
-            pids,
-            unified,
-        })
+        Ok(Cgroups { version: Version::V1, memory, cpu, pids, unified })
     }
 
     fn bases(&self) -> Vec<&PathBuf> {
@@ -225,10 +193,7 @@ impl Cgroups {
                 self.memory.display(),
                 self.cpu.display(),
                 self.pids.display(),
-                self.unified
-                    .as_ref()
-                    .map(|u| u.display().to_string())
-                    .unwrap_or_else(|| "unavailable".into())
+                self.unified.as_ref().map(|u| u.display().to_string()).unwrap_or_else(|| "unavailable".into())
             ),
         }
     }
@@ -259,15 +224,9 @@ impl Cgroups {
             })(),
             Version::V1 => (|| {
                 let m = &run.memory;
-                write(
-                    &m.join("memory.limit_in_bytes"),
-                    &limits.memory_bytes.to_string(),
-                )?;
+                write(&m.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
                 // memory+swap equal to memory: no swap at all.
-                write_if_present(
-                    &m.join("memory.memsw.limit_in_bytes"),
-                    &limits.memory_bytes.to_string(),
-                )?;
+                write_if_present(&m.join("memory.memsw.limit_in_bytes"), &limits.memory_bytes.to_string())?;
                 let c = self.cpu.join(id);
                 write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                 write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
@@ -299,12 +258,7 @@ impl Cgroups {
         for id in &ids {
             let run = RunCgroup {
                 version: self.version,
-                dirs: self
-                    .bases()
-                    .iter()
-                    .map(|b| b.join(id))
-                    .filter(|d| d.is_dir())
-                    .collect(),
+                dirs: self.bases().iter().map(|b| b.join(id)).filter(|d| d.is_dir()).collect(),
                 memory: self.memory.join(id),
                 pids: self.pids.join(id),
                 unified: self.unified.as_ref().map(|u| u.join(id)),
@@ -356,9 +310,7 @@ impl RunCgroup {
             Version::V2 => "memory.events",
             Version::V1 => "memory.oom_control",
         };
-        fs::read_to_string(self.memory.join(file))
-            .map(|text| parse_counter(&text, "oom_kill") > 0)
-            .unwrap_or(false)
+        fs::read_to_string(self.memory.join(file)).map(|text| parse_counter(&text, "oom_kill") > 0).unwrap_or(false)
     }
 
     /// Peak memory use in bytes, when the kernel reports it.
@@ -367,11 +319,7 @@ impl RunCgroup {
             Version::V2 => "memory.peak",
             Version::V1 => "memory.max_usage_in_bytes",
         };
-        fs::read_to_string(self.memory.join(file))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        fs::read_to_string(self.memory.join(file)).ok()?.trim().parse().ok()
     }
 
     /// Kill every process in the run: `cgroup.kill` where there is one, else SIGKILL
@@ -384,18 +332,12 @@ impl RunCgroup {
         }
         for _ in 0..100 {
             let procs = fs::read_to_string(self.pids.join("cgroup.procs")).unwrap_or_default();
-            let pids: Vec<i32> = procs
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect();
+            let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
             if pids.is_empty() {
                 return;
             }
             for pid in pids {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::SIGKILL,
-                );
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -452,25 +394,13 @@ mod tests {
         assert_eq!(own[0], (vec!["memory".to_string()], "/a/b".to_string()));
         assert_eq!(own[1].0, vec!["cpu".to_string(), "cpuacct".to_string()]);
         assert_eq!(own[2], (vec![], "/x.service".to_string()));
-        assert_eq!(
-            join_rel(Path::new("/sys/fs/cgroup/memory"), "/a/b"),
-            PathBuf::from("/sys/fs/cgroup/memory/a/b")
-        );
+        assert_eq!(join_rel(Path::new("/sys/fs/cgroup/memory"), "/a/b"), PathBuf::from("/sys/fs/cgroup/memory/a/b"));
     }
 
     #[test]
     fn reads_oom_kill_counters() {
-        assert_eq!(
-            parse_counter("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill"),
-            3
-        );
-        assert_eq!(
-            parse_counter(
-                "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\noom_group_kill 0\n",
-                "oom_kill"
-            ),
-            1
-        );
+        assert_eq!(parse_counter("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill"), 3);
+        assert_eq!(parse_counter("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\noom_group_kill 0\n", "oom_kill"), 1);
         assert_eq!(parse_counter("oom_kill_disable 0\n", "oom_kill"), 0);
     }
 }

@@ -27,10 +27,7 @@ pub struct Failure {
 
 impl Failure {
     pub fn at<E: std::fmt::Display>(step: &'static str) -> impl FnOnce(E) -> Failure {
-        move |e| Failure {
-            step,
-            error: e.to_string(),
-        }
+        move |e| Failure { step, error: e.to_string() }
     }
 }
 
@@ -62,10 +59,7 @@ pub fn main() -> ! {
     let code = match run(socket, &mut control) {
         Ok(()) => 0,
         Err(f) => {
-            control.send(&Event::SetupFailed {
-                step: f.step.into(),
-                error: f.error,
-            });
+            control.send(&Event::SetupFailed { step: f.step.into(), error: f.error });
             1
         }
     };
@@ -75,8 +69,7 @@ pub fn main() -> ! {
 /// Move the control socket to a close-on-exec fd above 2 and put /dev/null on fd 0.
 fn moved_off_stdio(fd: OwnedFd) -> Result<UnixStream, Failure> {
     use std::os::fd::AsRawFd;
-    let dup = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))
-        .map_err(Failure::at("dup control"))?;
+    let dup = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(Failure::at("dup control"))?;
     // SAFETY: F_DUPFD_CLOEXEC returned a new fd that nothing else owns.
     let socket = unsafe { UnixStream::from_raw_fd(dup) };
     let devnull = File::open("/dev/null").map_err(Failure::at("open /dev/null"))?;
@@ -91,31 +84,22 @@ fn moved_off_stdio(fd: OwnedFd) -> Result<UnixStream, Failure> {
 
 fn run(socket: UnixStream, control: &mut Control) -> Result<(), Failure> {
     let mut line = String::new();
-    BufReader::new(socket)
-        .read_line(&mut line)
-        .map_err(Failure::at("read spec"))?;
+    BufReader::new(socket).read_line(&mut line).map_err(Failure::at("read spec"))?;
     let spec: SandboxSpec = serde_json::from_str(&line).map_err(Failure::at("parse spec"))?;
 
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
     if getppid().as_raw() as u32 != spec.daemon_pid {
-        return Err(Failure {
-            step: "check parent",
-            error: "the daemon is gone".into(),
-        });
+        return Err(Failure { step: "check parent", error: "the daemon is gone".into() });
     }
     nix::unistd::setgroups(&[]).map_err(Failure::at("drop supplementary groups"))?;
     let me = getpid().to_string();
     for procs in &spec.cgroup_procs {
-        std::fs::write(procs, &me).map_err(|e| Failure {
-            step: "join cgroup",
-            error: format!("{}: {e}", procs.display()),
-        })?;
+        std::fs::write(procs, &me)
+            .map_err(|e| Failure { step: "join cgroup", error: format!("{}: {e}", procs.display()) })?;
     }
 
-    let (go_r, go_w) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
-    let (report_r, report_w) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
+    let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
+    let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
 
     // SAFETY: the helper is single-threaded: it never starts a thread.
     match unsafe { namespaces::clone_into_namespaces() }.map_err(Failure::at("clone namespaces"))? {
@@ -144,18 +128,14 @@ fn supervise(
         let _ = waitpid(child, None);
         return Err(Failure::at("write id maps")(e));
     }
-    File::from(go)
-        .write_all(b"g")
-        .map_err(Failure::at("release init"))?;
-    control.send(&Event::Started {
-        init_pid: child.as_raw(),
-    });
+    // The write end stays open for as long as the helper lives: the init watches
+    // it, and ends the sandbox when it sees end-of-file.
+    let mut go = File::from(go);
+    go.write_all(b"g").map_err(Failure::at("release init"))?;
+    control.send(&Event::Started { init_pid: child.as_raw() });
 
     // Our copies of the output pipes must not keep them open: only the sandbox's.
-    let devnull = File::options()
-        .write(true)
-        .open("/dev/null")
-        .map_err(Failure::at("open /dev/null"))?;
+    let devnull = File::options().write(true).open("/dev/null").map_err(Failure::at("open /dev/null"))?;
     for fd in [1, 2] {
         use std::os::fd::AsRawFd;
         // SAFETY: replaces our stdout/stderr with /dev/null; both are ours.
@@ -176,11 +156,11 @@ fn supervise(
     let event = match (last, status) {
         (Some(e), _) => e,
         (None, WaitStatus::Signaled(_, sig, _)) => Event::InitKilled { signal: sig as i32 },
-        (None, other) => Event::SetupFailed {
-            step: "init".into(),
-            error: format!("init ended without a status: {other:?}"),
-        },
+        (None, other) => {
+            Event::SetupFailed { step: "init".into(), error: format!("init ended without a status: {other:?}") }
+        }
     };
     control.send(&event);
+    drop(go);
     Ok(())
 }

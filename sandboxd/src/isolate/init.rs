@@ -28,17 +28,12 @@ pub fn parse_report(line: &str) -> Option<Event> {
     let (kind, rest) = line.split_at_checked(1)?;
     let rest = rest.trim_start();
     match kind {
-        "W" => Some(Event::Warning {
-            message: rest.into(),
-        }),
+        "W" => Some(Event::Warning { message: rest.into() }),
         "X" => rest.parse().ok().map(|code| Event::Exited { code }),
         "S" => rest.parse().ok().map(|signal| Event::Signaled { signal }),
         "F" => {
             let (step, error) = rest.split_once('\t').unwrap_or(("sandbox", rest));
-            Some(Event::SetupFailed {
-                step: step.into(),
-                error: error.into(),
-            })
+            Some(Event::SetupFailed { step: step.into(), error: error.into() })
         }
         _ => None,
     }
@@ -66,14 +61,10 @@ pub fn run(spec: &SandboxSpec, go: OwnedFd, report: OwnedFd) -> ! {
 fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Failure> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
     let mut byte = [0u8; 1];
-    match File::from(go).read(&mut byte) {
+    let mut go = File::from(go);
+    match go.read(&mut byte) {
         Ok(1) => {}
-        _ => {
-            return Err(Failure {
-                step: "wait for id maps",
-                error: "the helper is gone".into(),
-            })
-        }
+        _ => return Err(Failure { step: "wait for id maps", error: "the helper is gone".into() }),
     }
     // Files the init creates (the /dev entries) belong to the sandbox user: our
     // host uid is not mapped in this namespace.
@@ -96,11 +87,9 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Fa
     for s in FORWARDED {
         blocked.add(s);
     }
-    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None)
-        .map_err(Failure::at("sigprocmask"))?;
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None).map_err(Failure::at("sigprocmask"))?;
 
-    let (err_r, err_w) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
+    let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
     // SAFETY: the init is single-threaded (it was cloned from the single-threaded
     // helper and started no thread), so the child may run arbitrary code.
     let child = match unsafe { fork() }.map_err(Failure::at("fork"))? {
@@ -140,22 +129,35 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Fa
         }
     }
     caps::drop_all().map_err(Failure::at("drop init privileges"))?;
+    // Changing credentials cleared the parent-death signal: set it again. The pipe
+    // from the helper covers the moments in between: it reads end-of-file as soon
+    // as the helper is gone, whenever that happened.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
+    let signals = nix::sys::signalfd::SignalFd::with_flags(&blocked, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
+        .map_err(Failure::at("signalfd"))?;
     seccomp::apply(&programs).map_err(Failure::at("init seccomp"))?;
-    Ok(reap_until_exit(child, &blocked))
+    Ok(reap_until_exit(child, &signals, &go))
 }
 
 /// Wait for the program to end, reaping orphans and forwarding signals meanwhile.
-fn reap_until_exit(child: Pid, blocked: &SigSet) -> String {
+/// If the helper dies first, end at once: the kernel then kills the whole sandbox.
+fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &File) -> String {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
     loop {
-        match blocked.wait() {
+        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN), PollFd::new(helper.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        if fds[1].any().unwrap_or(false) {
+            return format!("S {}\n", libc::SIGKILL);
+        }
+        let Ok(Some(info)) = signals.read_signal() else { continue };
+        match Signal::try_from(info.ssi_signo as i32) {
             Ok(Signal::SIGCHLD) => loop {
                 match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::Exited(pid, code)) if pid == child => {
-                        return format!("X {code}\n")
-                    }
-                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
-                        return format!("S {}\n", sig as i32)
-                    }
+                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return format!("X {code}\n"),
+                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => return format!("S {}\n", sig as i32),
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
                     Ok(_) => continue,
                 }
@@ -170,11 +172,7 @@ fn reap_until_exit(child: Pid, blocked: &SigSet) -> String {
 }
 
 /// In the program's process: limits, privileges, Landlock, seccomp, exec.
-fn exec_program(
-    spec: &SandboxSpec,
-    err_w: &mut File,
-    programs: &[seccompiler::BpfProgram; 2],
-) -> Result<(), Failure> {
+fn exec_program(spec: &SandboxSpec, err_w: &mut File, programs: &[seccompiler::BpfProgram; 2]) -> Result<(), Failure> {
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(Failure::at("sigprocmask"))?;
     nix::unistd::setsid().map_err(Failure::at("setsid"))?;
@@ -195,58 +193,33 @@ fn exec_program(
     }
     // Every fd but 0-2 closes at exec.
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our own fds.
-    if unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    } != 0
-    {
+    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
         return Err(Failure::at("close_range")(nix::Error::last()));
     }
     let argv = cstrings(spec.argv.iter().map(String::as_str))?;
-    let env = cstrings(
-        spec.env
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str),
-    )?;
-    let program = argv.first().cloned().ok_or(Failure {
-        step: "exec",
-        error: "empty argv".into(),
-    })?;
+    let env =
+        cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().iter().map(String::as_str))?;
+    let program = argv.first().cloned().ok_or(Failure { step: "exec", error: "empty argv".into() })?;
     seccomp::apply(programs).map_err(Failure::at("seccomp"))?;
     let err = nix::unistd::execve(&program, &argv, &env).err();
     Err(Failure {
         step: "exec",
-        error: format!(
-            "{}: {}",
-            spec.argv[0],
-            err.map(|e| e.to_string()).unwrap_or_default()
-        ),
+        error: format!("{}: {}", spec.argv[0], err.map(|e| e.to_string()).unwrap_or_default()),
     })
 }
 
 fn setup_stdin(data: Option<&str>) -> Result<(), Failure> {
     let fd: OwnedFd = match data {
         Some(text) => {
-            let memfd =
-                nix::sys::memfd::memfd_create(c"stdin", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-                    .map_err(Failure::at("memfd_create"))?;
+            let memfd = nix::sys::memfd::memfd_create(c"stdin", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+                .map_err(Failure::at("memfd_create"))?;
             let mut file = File::from(memfd);
-            file.write_all(text.as_bytes())
-                .map_err(Failure::at("write stdin"))?;
+            file.write_all(text.as_bytes()).map_err(Failure::at("write stdin"))?;
             use std::io::Seek;
             file.rewind().map_err(Failure::at("rewind stdin"))?;
             file.into()
         }
-        None => File::open("/dev/null")
-            .map_err(Failure::at("open /dev/null"))?
-            .into(),
+        None => File::open("/dev/null").map_err(Failure::at("open /dev/null"))?.into(),
     };
     // SAFETY: dup2 onto fd 0; the new fd 0 has no close-on-exec flag.
     if unsafe { libc::dup2(fd.as_raw_fd(), 0) } < 0 {
@@ -256,9 +229,7 @@ fn setup_stdin(data: Option<&str>) -> Result<(), Failure> {
 }
 
 fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, Failure> {
-    items
-        .map(|s| CString::new(s).map_err(Failure::at("argument with a NUL byte")))
-        .collect()
+    items.map(|s| CString::new(s).map_err(Failure::at("argument with a NUL byte"))).collect()
 }
 
 #[cfg(test)]
@@ -269,18 +240,10 @@ mod tests {
     fn parses_reports() {
         assert_eq!(parse_report("X 3"), Some(Event::Exited { code: 3 }));
         assert_eq!(parse_report("S 9"), Some(Event::Signaled { signal: 9 }));
-        assert_eq!(
-            parse_report("W careful"),
-            Some(Event::Warning {
-                message: "careful".into()
-            })
-        );
+        assert_eq!(parse_report("W careful"), Some(Event::Warning { message: "careful".into() }));
         assert_eq!(
             parse_report("F mounts\tbind /x: EPERM"),
-            Some(Event::SetupFailed {
-                step: "mounts".into(),
-                error: "bind /x: EPERM".into()
-            })
+            Some(Event::SetupFailed { step: "mounts".into(), error: "bind /x: EPERM".into() })
         );
         assert_eq!(parse_report(""), None);
         assert_eq!(parse_report("X nope"), None);
@@ -288,16 +251,10 @@ mod tests {
 
     #[test]
     fn failure_lines_stay_on_one_line() {
-        let f = Failure {
-            step: "exec",
-            error: "a\nb".into(),
-        };
+        let f = Failure { step: "exec", error: "a\nb".into() };
         assert_eq!(
             parse_report(failure_line(&f).trim_end()),
-            Some(Event::SetupFailed {
-                step: "exec".into(),
-                error: "a b".into()
-            })
+            Some(Event::SetupFailed { step: "exec".into(), error: "a b".into() })
         );
     }
 }

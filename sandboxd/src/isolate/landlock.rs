@@ -4,8 +4,8 @@
 //! the paths are the sandbox's own.
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetError, RulesetStatus, Scope, ABI,
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetError, RulesetStatus, Scope, ABI,
 };
 
 /// The newest ABI whose rights this ruleset was written and tested against.
@@ -43,10 +43,7 @@ pub fn apply() -> Result<Enforcement, Error> {
         .create()?
         .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))?
         .add_rules(path_beneath_rules(WRITABLE, AccessFs::from_all(abi)))?
-        .add_rules(path_beneath_rules(
-            WRITABLE_DEVICES,
-            AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate,
-        ))?
+        .add_rules(path_beneath_rules(WRITABLE_DEVICES, AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate))?
         .restrict_self()?;
     Ok(match status.ruleset {
         RulesetStatus::FullyEnforced => Enforcement::Full,

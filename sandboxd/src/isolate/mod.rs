@@ -131,27 +131,14 @@ async fn drive(
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let readers = [
-        tokio::spawn(output::capture(
-            stdout,
-            StreamKind::Stdout,
-            run.output_limit,
-            chunks.clone(),
-        )),
-        tokio::spawn(output::capture(
-            stderr,
-            StreamKind::Stderr,
-            run.output_limit,
-            chunks,
-        )),
+        tokio::spawn(output::capture(stdout, StreamKind::Stdout, run.output_limit, chunks.clone())),
+        tokio::spawn(output::capture(stderr, StreamKind::Stderr, run.output_limit, chunks)),
     ];
     let mut spec_line = serde_json::to_vec(&spec).map_err(|e| Error::Control(e.into()))?;
     spec_line.push(b'\n');
     let control = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?;
     let (read_half, mut write_half) = control.into_split();
-    write_half
-        .write_all(&spec_line)
-        .await
-        .map_err(Error::Control)?;
+    write_half.write_all(&spec_line).await.map_err(Error::Control)?;
     let mut events = BufReader::new(read_half).lines();
 
     let deadline = tokio::time::sleep(run.timeout);
@@ -202,10 +189,7 @@ async fn drive(
         }
     }
     // The helper exits right after its last event; if it does not, it is killed.
-    if tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
         let _ = child.kill().await;
     }
     kill_all(cg, init_pid);
@@ -216,9 +200,7 @@ async fn drive(
 
     let (exit_code, signal) = match final_event {
         Some(Event::Exited { code }) => (Some(code), None),
-        Some(Event::Signaled { signal }) | Some(Event::InitKilled { signal }) => {
-            (None, Some(signal))
-        }
+        Some(Event::Signaled { signal }) | Some(Event::InitKilled { signal }) => (None, Some(signal)),
         Some(Event::SetupFailed { step, error }) => return Err(Error::Setup { step, error }),
         _ => {
             if timed_out || cancelled {

@@ -78,76 +78,34 @@ pub fn plan(l: &Layout) -> Vec<MountOp> {
     let dev = root.join("dev");
     let mut ops = vec![
         MakeRootPrivate,
-        Bind {
-            src: root.into(),
-            dst: root.into(),
-            file: false,
-        },
+        Bind { src: root.into(), dst: root.into(), file: false },
         RemountReadOnly { path: root.into() },
-        Bind {
-            src: l.workspace.into(),
-            dst: root.join("mnt/data"),
-            file: false,
-        },
-        RemountNoSuidNoDev {
-            path: root.join("mnt/data"),
-        },
-        Tmpfs {
-            dst: root.join("tmp"),
-            size_bytes: l.tmp_size_bytes,
-            mode: 0o1777,
-            noexec: false,
-        },
-        Tmpfs {
-            dst: dev.clone(),
-            size_bytes: 64 * 1024,
-            mode: 0o755,
-            noexec: true,
-        },
+        Bind { src: l.workspace.into(), dst: root.join("mnt/data"), file: false },
+        RemountNoSuidNoDev { path: root.join("mnt/data") },
+        Tmpfs { dst: root.join("tmp"), size_bytes: l.tmp_size_bytes, mode: 0o1777, noexec: false },
+        Tmpfs { dst: dev.clone(), size_bytes: 64 * 1024, mode: 0o755, noexec: true },
     ];
     for name in DEVICES {
-        ops.push(Bind {
-            src: Path::new("/dev").join(name),
-            dst: dev.join(name),
-            file: true,
-        });
+        ops.push(Bind { src: Path::new("/dev").join(name), dst: dev.join(name), file: true });
     }
-    ops.push(Mkdir {
-        path: dev.join("shm"),
-    });
-    ops.push(Tmpfs {
-        dst: dev.join("shm"),
-        size_bytes: l.shm_size_bytes,
-        mode: 0o1777,
-        noexec: true,
-    });
+    ops.push(Mkdir { path: dev.join("shm") });
+    ops.push(Tmpfs { dst: dev.join("shm"), size_bytes: l.shm_size_bytes, mode: 0o1777, noexec: true });
     for (target, name) in [
         ("/proc/self/fd", "fd"),
         ("/proc/self/fd/0", "stdin"),
         ("/proc/self/fd/1", "stdout"),
         ("/proc/self/fd/2", "stderr"),
     ] {
-        ops.push(Symlink {
-            target,
-            link: dev.join(name),
-        });
+        ops.push(Symlink { target, link: dev.join(name) });
     }
     ops.push(RemountReadOnly { path: dev });
-    ops.push(Proc {
-        dst: root.join("proc"),
-    });
-    ops.push(PivotRoot {
-        new_root: root.into(),
-    });
+    ops.push(Proc { dst: root.join("proc") });
+    ops.push(PivotRoot { new_root: root.into() });
     ops
 }
 
 fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> Error + 'a {
-    move |source| Error {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| Error { op, path: path.to_path_buf(), source }
 }
 
 /// Perform the plan. Must run in a fresh mount namespace with CAP_SYS_ADMIN there.
@@ -167,57 +125,32 @@ pub fn apply(ops: &[MountOp]) -> Result<(), Error> {
                         source: io_errno(e),
                     })?;
                 }
-                mount(
-                    Some(src.as_path()),
-                    dst.as_path(),
-                    none,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    none,
-                )
-                .map_err(err("bind", dst))?;
+                mount(Some(src.as_path()), dst.as_path(), none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
+                    .map_err(err("bind", dst))?;
             }
-            MountOp::RemountReadOnly { path } => remount(
-                path,
-                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            )?,
-            MountOp::RemountNoSuidNoDev { path } => {
-                remount(path, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?
+            MountOp::RemountReadOnly { path } => {
+                remount(path, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?
             }
-            MountOp::Tmpfs {
-                dst,
-                size_bytes,
-                mode,
-                noexec,
-            } => {
+            MountOp::RemountNoSuidNoDev { path } => remount(path, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?,
+            MountOp::Tmpfs { dst, size_bytes, mode, noexec } => {
                 let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
                 if *noexec {
                     flags |= MsFlags::MS_NOEXEC;
                 }
                 let data = format!("size={size_bytes},mode={mode:o}");
-                mount(
-                    Some("tmpfs"),
-                    dst.as_path(),
-                    Some("tmpfs"),
-                    flags,
-                    Some(data.as_str()),
-                )
-                .map_err(err("mount tmpfs", dst))?;
+                mount(Some("tmpfs"), dst.as_path(), Some("tmpfs"), flags, Some(data.as_str()))
+                    .map_err(err("mount tmpfs", dst))?;
             }
             MountOp::Mkdir { path } => {
-                nix::unistd::mkdir(
-                    path.as_path(),
-                    nix::sys::stat::Mode::from_bits_truncate(0o755),
-                )
-                .map_err(err("mkdir", path))?;
+                nix::unistd::mkdir(path.as_path(), nix::sys::stat::Mode::from_bits_truncate(0o755))
+                    .map_err(err("mkdir", path))?;
             }
             MountOp::Symlink { target, link } => {
-                nix::unistd::symlinkat(*target, nix::fcntl::AT_FDCWD, link.as_path())
-                    .map_err(err("symlink", link))?;
+                nix::unistd::symlinkat(*target, nix::fcntl::AT_FDCWD, link.as_path()).map_err(err("symlink", link))?;
             }
             MountOp::Proc { dst } => {
                 let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-                mount(Some("proc"), dst.as_path(), Some("proc"), flags, none)
-                    .map_err(err("mount proc", dst))?;
+                mount(Some("proc"), dst.as_path(), Some("proc"), flags, none).map_err(err("mount proc", dst))?;
             }
             MountOp::PivotRoot { new_root } => {
                 chdir(new_root.as_path()).map_err(err("chdir", new_root))?;
@@ -275,32 +208,17 @@ mod tests {
     fn root_is_private_first_and_pivoted_last() {
         let ops = layout();
         assert_eq!(ops[0], MountOp::MakeRootPrivate);
-        assert_eq!(
-            ops.last(),
-            Some(&MountOp::PivotRoot {
-                new_root: "/r".into()
-            })
-        );
+        assert_eq!(ops.last(), Some(&MountOp::PivotRoot { new_root: "/r".into() }));
     }
 
     #[test]
     fn rootfs_is_read_only_and_workspace_is_bound_without_suid_or_devices() {
         let ops = layout();
-        let bind = ops
-            .iter()
-            .position(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r")));
-        let ro = ops
-            .iter()
-            .position(|o| *o == MountOp::RemountReadOnly { path: "/r".into() });
+        let bind = ops.iter().position(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r")));
+        let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r".into() });
         assert!(bind.is_some() && ro > bind);
-        assert!(ops.contains(&MountOp::Bind {
-            src: "/w".into(),
-            dst: "/r/mnt/data".into(),
-            file: false
-        }));
-        assert!(ops.contains(&MountOp::RemountNoSuidNoDev {
-            path: "/r/mnt/data".into()
-        }));
+        assert!(ops.contains(&MountOp::Bind { src: "/w".into(), dst: "/r/mnt/data".into(), file: false }));
+        assert!(ops.contains(&MountOp::RemountNoSuidNoDev { path: "/r/mnt/data".into() }));
     }
 
     #[test]
@@ -326,22 +244,14 @@ mod tests {
         let devices: Vec<_> = ops
             .iter()
             .filter_map(|o| match o {
-                MountOp::Bind {
-                    src, file: true, ..
-                } => Some(src.clone()),
+                MountOp::Bind { src, file: true, .. } => Some(src.clone()),
                 _ => None,
             })
             .collect();
         assert_eq!(devices.len(), DEVICES.len());
         assert!(devices.iter().all(|d| d.starts_with("/dev")));
-        let ro = ops.iter().position(|o| {
-            *o == MountOp::RemountReadOnly {
-                path: "/r/dev".into(),
-            }
-        });
-        let last_dev = ops
-            .iter()
-            .rposition(|o| matches!(o, MountOp::Symlink { .. }));
+        let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r/dev".into() });
+        let last_dev = ops.iter().rposition(|o| matches!(o, MountOp::Symlink { .. }));
         assert!(ro > last_dev);
     }
 }

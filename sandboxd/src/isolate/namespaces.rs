@@ -60,21 +60,14 @@ pub unsafe fn clone_into_namespaces() -> Result<Forked, Error> {
 /// The lines written to `uid_map` and `gid_map`: the sandbox user alone, mapped to
 /// one unprivileged host id. Nothing maps to host root.
 pub fn id_maps(host_uid: u32, host_gid: u32) -> (String, String) {
-    (
-        format!("{SANDBOX_UID} {host_uid} 1\n"),
-        format!("{SANDBOX_GID} {host_gid} 1\n"),
-    )
+    (format!("{SANDBOX_UID} {host_uid} 1\n"), format!("{SANDBOX_GID} {host_gid} 1\n"))
 }
 
 /// Write the child's maps from the parent user namespace.
 pub fn write_id_maps(child: Pid, host_uid: u32, host_gid: u32) -> Result<(), Error> {
     let (uid_map, gid_map) = id_maps(host_uid, host_gid);
     let proc = format!("/proc/{child}");
-    for (file, text) in [
-        ("uid_map", uid_map.as_str()),
-        ("setgroups", "deny"),
-        ("gid_map", gid_map.as_str()),
-    ] {
+    for (file, text) in [("uid_map", uid_map.as_str()), ("setgroups", "deny"), ("gid_map", gid_map.as_str())] {
         let path = format!("{proc}/{file}");
         fs::write(&path, text).map_err(|e| Error::IdMap(path, e))?;
     }
@@ -85,13 +78,8 @@ pub fn write_id_maps(child: Pid, host_uid: u32, host_gid: u32) -> Result<(), Err
 pub fn loopback_up() -> Result<(), Error> {
     use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
     use std::os::fd::AsRawFd;
-    let sock = socket(
-        AddressFamily::Inet,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(Error::Loopback)?;
+    let sock =
+        socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None).map_err(Error::Loopback)?;
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {

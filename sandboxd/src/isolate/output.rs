@@ -68,12 +68,7 @@ pub async fn capture<R: AsyncRead + Unpin>(
     }
     if let Some(tx) = &chunks {
         if !pending.is_empty() {
-            let _ = tx
-                .send(Chunk {
-                    stream,
-                    text: String::from_utf8_lossy(&pending).into_owned(),
-                })
-                .await;
+            let _ = tx.send(Chunk { stream, text: String::from_utf8_lossy(&pending).into_owned() }).await;
         }
     }
     out

@@ -13,8 +13,7 @@
 //! The builders are pure and unit-tested; [`apply`] is the only syscall here.
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 use std::collections::BTreeMap;
 
@@ -383,75 +382,43 @@ pub const ALLOWED_SOCKET_FAMILIES: [i32; 3] = [libc::AF_UNIX, libc::AF_INET, lib
 pub const DENIED_IOCTLS: [u64; 2] = [libc::TIOCSTI, libc::TIOCLINUX];
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Error> {
-    Ok(SeccompCondition::new(
-        arg,
-        SeccompCmpArgLen::Dword,
-        op,
-        value,
-    )?)
+    Ok(SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)?)
 }
 
 /// The first filter: the allow-list, with argument checks on clone, socket and ioctl.
 pub fn allow_list_filter() -> Result<SeccompFilter, Error> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        allowed().into_iter().map(|(_, nr)| (nr, vec![])).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed().into_iter().map(|(_, nr)| (nr, vec![])).collect();
 
     // clone: only without namespace flags (the flags are the low 32 bits).
     rules.insert(
         libc::SYS_clone,
-        vec![SeccompRule::new(vec![cond(
-            0,
-            SeccompCmpOp::MaskedEq(CLONE_NAMESPACE_FLAGS),
-            0,
-        )?])?],
+        vec![SeccompRule::new(vec![cond(0, SeccompCmpOp::MaskedEq(CLONE_NAMESPACE_FLAGS), 0)?])?],
     );
     // socket/socketpair: one rule per allowed family; the rules are OR-ed.
     let family_rules = || -> Result<Vec<SeccompRule>, Error> {
         ALLOWED_SOCKET_FAMILIES
             .iter()
-            .map(|f| {
-                Ok(SeccompRule::new(vec![cond(
-                    0,
-                    SeccompCmpOp::Eq,
-                    *f as u64,
-                )?])?)
-            })
+            .map(|f| Ok(SeccompRule::new(vec![cond(0, SeccompCmpOp::Eq, *f as u64)?])?))
             .collect()
     };
     rules.insert(libc::SYS_socket, family_rules()?);
     rules.insert(libc::SYS_socketpair, family_rules()?);
     // ioctl: anything but the denied requests (the conditions of one rule are AND-ed).
-    let ioctl_conds = DENIED_IOCTLS
-        .iter()
-        .map(|req| cond(1, SeccompCmpOp::Ne, *req))
-        .collect::<Result<Vec<_>, _>>()?;
+    let ioctl_conds = DENIED_IOCTLS.iter().map(|req| cond(1, SeccompCmpOp::Ne, *req)).collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_ioctl, vec![SeccompRule::new(ioctl_conds)?]);
 
-    Ok(SeccompFilter::new(
-        rules,
-        SeccompAction::Errno(libc::EPERM as u32),
-        SeccompAction::Allow,
-        ARCH,
-    )?)
+    Ok(SeccompFilter::new(rules, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow, ARCH)?)
 }
 
 /// The second filter: `clone3` answers ENOSYS so callers fall back to `clone`.
 pub fn clone3_filter() -> Result<SeccompFilter, Error> {
     let rules = BTreeMap::from([(libc::SYS_clone3, vec![])]);
-    Ok(SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        ARCH,
-    )?)
+    Ok(SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), ARCH)?)
 }
 
 /// Both filters compiled to BPF, in the order they must be installed.
 pub fn programs() -> Result<[BpfProgram; 2], Error> {
-    Ok([
-        allow_list_filter()?.try_into()?,
-        clone3_filter()?.try_into()?,
-    ])
+    Ok([allow_list_filter()?.try_into()?, clone3_filter()?.try_into()?])
 }
 
 /// Install the compiled filters on the calling thread. Needs no-new-privs first.
@@ -472,16 +439,8 @@ mod tests {
         for (name, nr) in DENIED {
             assert!(!allowed.contains(nr), "{name} must not be allowed");
         }
-        for nr in [
-            libc::SYS_clone,
-            libc::SYS_socket,
-            libc::SYS_socketpair,
-            libc::SYS_ioctl,
-        ] {
-            assert!(
-                !allowed.contains(&nr),
-                "{nr} is allowed only with conditions"
-            );
+        for nr in [libc::SYS_clone, libc::SYS_socket, libc::SYS_socketpair, libc::SYS_ioctl] {
+            assert!(!allowed.contains(&nr), "{nr} is allowed only with conditions");
         }
     }
 
@@ -507,8 +466,7 @@ mod tests {
             assert_ne!(CLONE_NAMESPACE_FLAGS & flag as u64, 0);
         }
         // Thread creation flags stay allowed.
-        let thread =
-            (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_THREAD) as u64;
+        let thread = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_THREAD) as u64;
         assert_eq!(CLONE_NAMESPACE_FLAGS & thread, 0);
     }
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Side-by-side timings, measured in one run on this machine.
+
+    make bench            (or: python3 bench/bench.py [--runs N])
+
+Each row runs the same workload N times and reports p50/p95 wall time and the
+ratio of its p50 to the baseline's: the rootfs's own Python with no isolation
+(`chroot ROOTFS /opt/py/bin/python`). sandboxd rows go through the real HTTP API,
+so they include HTTP, the fresh namespaces, cgroup, Landlock and seccomp, the
+workspace scan for artifacts and the result.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness import Daemon, scratch_dir  # noqa: E402
+
+
+def timed(fn, runs, warmup=3):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1000)
+    samples.sort()
+    return {"p50": statistics.median(samples), "p95": samples[min(len(samples) - 1, int(len(samples) * 0.95))]}
+
+
+def check(cmd, expect=b"1\n"):
+    out = subprocess.run(cmd, capture_output=True)
+    if out.returncode != 0 or out.stdout != expect:
+        raise SystemExit(f"{cmd[:3]}... failed: {out.returncode} {out.stdout!r} {out.stderr[-300:]!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    args = ap.parse_args()
+
+    daemon = Daemon(scratch_dir("bench-")).start()
+    try:
+        with daemon.http() as c:
+            health = c.get("/v1/health").json()
+            rootfs = daemon.state / "rootfs" / health["rootfs_sha256"]
+            sid = c.post("/v1/sessions", json={}).json()["id"]
+
+            def api_run(code, language="python"):
+                r = c.post("/v1/runs", json={"code": code, "session_id": sid, "language": language})
+                body = r.json()
+                if r.status_code != 200 or body["status"] != "ok":
+                    raise SystemExit(f"run failed: {r.text[:500]}")
+
+            bare = ["chroot", str(rootfs), "/opt/py/bin/python", "-c", "print(1)"]
+            rows = [("python print(1), no isolation (baseline)", lambda: check(bare))]
+            if shutil.which("bwrap"):
+                bwrap = ["bwrap", "--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                         "--unshare-all", "--die-with-parent", "--clearenv", "/opt/py/bin/python", "-c", "print(1)"]
+                rows.append(("python print(1), bubblewrap", lambda: check(bwrap)))
+            rows.append(("python print(1), sandboxd via HTTP", lambda: api_run("print(1)")))
+            rows.append(("shell true, sandboxd via HTTP", lambda: api_run("true", "shell")))
+
+            results = []
+            for name, fn in rows:
+                results.append((name, timed(fn, args.runs)))
+    finally:
+        daemon.stop()
+        shutil.rmtree(daemon.base, ignore_errors=True)
+
+    base = results[0][1]["p50"]
+    print(f"\nsandboxd bench: {args.runs} runs each, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
+    print(f"| {'workload and system':<42} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
+    print(f"|{'-' * 44}|{'-' * 9}|{'-' * 9}|{'-' * 15}|")
+    for name, r in results:
+        print(f"| {name:<42} | {r['p50']:7.1f} | {r['p95']:7.1f} | {r['p50'] / base:13.2f} |")
+    sandboxed = dict(results)["python print(1), sandboxd via HTTP"]["p50"]
+    print(f"\nisolation + API cost over bare python: {sandboxed - base:+.1f} ms at p50")
+    if args.json:
+        print(json.dumps({name: r for name, r in results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

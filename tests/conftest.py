@@ -1,0 +1,57 @@
+"""pytest fixtures over the harness: one shared daemon, and daemons of a test's own."""
+
+import os
+import shutil
+
+import pytest
+
+from harness import BIN, IN_CI, TARBALL, Daemon, scratch_dir
+
+
+def require(condition, reason):
+    """A kernel feature the test needs: fail in CI, skip (with the reason) elsewhere."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required feature missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def built():
+    assert BIN.exists(), f"{BIN} is missing: build with `cargo build --release --locked` (make build)"
+    assert TARBALL.exists(), f"{TARBALL} is missing: build it with `make rootfs`"
+    assert os.geteuid() == 0, "the tests start sandboxd, which must run as root"
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    d = Daemon(scratch_dir("shared-")).start()
+    yield d
+    d.stop()
+    d.assert_clean()
+    shutil.rmtree(d.base, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_daemon():
+    """A daemon of the test's own, for tests that stop, restart or reconfigure it."""
+    made = []
+    base = scratch_dir("own-")
+
+    def make(**kw):
+        d = Daemon(base / f"d{len(made)}", **kw)
+        made.append(d)
+        return d.start()
+
+    yield make
+    for d in made:
+        d.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def new_session(client, **fields):
+    """Create a session through the API and return its id."""
+    r = client.post("/v1/sessions", json=fields)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]

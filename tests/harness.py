@@ -1,0 +1,224 @@
+"""Starts real sandboxd daemons (as root) and talks to them through their real
+Unix socket and HTTP port. Shared by the tests (conftest.py) and bench/.
+
+Environment:
+  SANDBOXD_BIN             the daemon binary (default target/release/sandboxd)
+  SANDBOXD_ROOTFS_TARBALL  the rootfs tarball (default /var/cache/sandboxd/rootfs/current.tar.zst)
+  CI=true                  a missing kernel feature fails a test instead of skipping it
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(os.environ.get("SANDBOXD_BIN", REPO / "target/release/sandboxd"))
+CTL = Path(os.environ.get("SANDBOXCTL_BIN", REPO / "target/release/sandboxctl"))
+TARBALL = Path(os.environ.get("SANDBOXD_ROOTFS_TARBALL", "/var/cache/sandboxd/rootfs/current.tar.zst"))
+IN_CI = os.environ.get("CI") == "true"
+# Unpacked once for the whole test run and shared by every test daemon.
+SHARED_ROOTFS = Path(os.environ.get("SANDBOXD_TEST_ROOTFS_DIR", "/var/tmp/sandboxd-test-rootfs"))
+
+TEST_POLICY = """
+description = "Small limits that tests can reach quickly."
+memory_mb = 256
+cpus = 1.0
+pids = 32
+timeout_s = 20
+grace_s = 1
+output_kb = 64
+tmp_mb = 8
+shm_mb = 8
+file_size_mb = 1
+open_files = 64
+upload_mb = 2
+max_artifacts = 5
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cgroup_roots():
+    """Where run cgroups of a daemon in this process's cgroups would live."""
+    roots = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for ctrl in ctrls.split(",") if ctrls else ["unified"]:
+            if ctrl in ("memory", "cpu", "pids"):
+                roots.append(Path("/sys/fs/cgroup") / ctrl / path.lstrip("/"))
+            elif ctrl == "unified" and Path("/sys/fs/cgroup/unified").is_dir():
+                roots.append(Path("/sys/fs/cgroup/unified") / path.lstrip("/"))
+            elif ctrl == "unified" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+                roots.append(Path("/sys/fs/cgroup") / path.lstrip("/"))
+    return roots
+
+
+class Daemon:
+    def __init__(self, base, policies=None, args=(), env=None, tokens=None):
+        self.base = Path(base)
+        self.state = self.base / "state"
+        self.socket = self.base / "sandboxd.sock"
+        self.port = free_port()
+        self.instance = "sdtest-%06x" % random.randrange(1 << 24)
+        self.uid_base = 700_000 + random.randrange(0, 200) * 1000
+        self.policies = self.base / "policies"
+        self.log_path = self.base / "daemon.log"
+        self.tokens = tokens or []
+        self.args = list(args)
+        self.env = env or {}
+        self.proc = None
+        if not self.policies.exists():
+            shutil.copytree(REPO / "policies", self.policies)
+            (self.policies / "tiny.toml").write_text(TEST_POLICY)
+            for name, text in (policies or {}).items():
+                (self.policies / f"{name}.toml").write_text(text)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self):
+        cmd = [
+            str(BIN),
+            "--state-dir", str(self.state),
+            "--socket", str(self.socket),
+            "--http", f"127.0.0.1:{self.port}",
+            "--policies-dir", str(self.policies),
+            "--rootfs-tarball", str(TARBALL),
+            "--instance", self.instance,
+            "--uid-base", str(self.uid_base),
+            "--shutdown-grace-s", "3",
+        ]
+        if self.tokens:
+            cmd += ["--tokens", ",".join(self.tokens)]
+        return cmd + self.args
+
+    def start(self, timeout=120):
+        self.state.mkdir(parents=True, exist_ok=True)
+        SHARED_ROOTFS.mkdir(parents=True, exist_ok=True)
+        link = self.state / "rootfs"
+        if not link.exists():
+            link.symlink_to(SHARED_ROOTFS)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SANDBOXD_LOG": "info,sandboxd=debug"}
+        env.update(self.env)
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=self.log, stderr=self.log, env=env)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandboxd exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                if self.uds().get("/v1/health").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"sandboxd did not become healthy:\n{self.log_text()}")
+
+    def log_text(self):
+        try:
+            return self.log_path.read_text(errors="replace")[-8000:]
+        except OSError:
+            return ""
+
+    def http(self, token=None, timeout=120):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
+
+    def uds(self, token=None, timeout=120):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        transport = httpx.HTTPTransport(uds=str(self.socket))
+        return httpx.Client(transport=transport, base_url="http://sandboxd", timeout=timeout, headers=headers)
+
+    def run(self, code, client=None, expect=200, **fields):
+        body = {"code": code, **fields}
+        with client or self.http() as c:
+            r = c.post("/v1/runs", json=body)
+        assert r.status_code == expect, r.text
+        return r.json()
+
+    def session_uid(self, session_id):
+        return json.loads((self.state / "sessions" / session_id / "session.json").read_text())["uid"]
+
+    def rss_kib(self):
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def leftovers(self):
+        """What a finished run must not leave on the host."""
+        found = {}
+        procs = []
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                uid = int((p / "status").read_text().split("Uid:")[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if self.uid_base <= uid < self.uid_base + 1000:
+                procs.append((p.name, uid, (p / "cmdline").read_bytes()[:80]))
+        if procs:
+            found["processes"] = procs
+        groups = []
+        for root in cgroup_roots():
+            inst = root / self.instance
+            if inst.is_dir():
+                groups += [str(d) for d in inst.iterdir() if d.is_dir() and d.name != "daemon"]
+        if groups:
+            found["cgroups"] = groups
+        mounts = [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if str(self.base) in l]
+        if mounts:
+            found["mounts"] = mounts
+        return found
+
+    def assert_clean(self, timeout=5):
+        deadline = time.time() + timeout
+        while True:
+            left = self.leftovers()
+            if not left or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert left == {}, f"left on the host: {left}"
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+
+# Sandboxes pass through the state directory's parents as an unprivileged uid,
+# so test daemons live below a world-searchable directory (pytest's tmp is 0700).
+TEST_BASE = Path(os.environ.get("SANDBOXD_TEST_BASE", "/var/tmp/sandboxd-tests"))
+
+
+def scratch_dir(prefix):
+    """A fresh, world-searchable directory below TEST_BASE."""
+    TEST_BASE.mkdir(parents=True, exist_ok=True)
+    os.chmod(TEST_BASE, 0o711)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=TEST_BASE))
+    os.chmod(path, 0o711)
+    return path
+
+
