@@ -66,6 +66,23 @@ def cgroup_roots():
     return roots
 
 
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _is_slot(pid):
+    """A daemon's slot process: our binary, run as `sandboxd __sandbox`, as root."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return False
+    return exe == os.path.realpath(BIN) and _cmdline(pid) == ["sandboxd", "__sandbox"] and uid == 0
+
+
 class Daemon:
     def __init__(self, base, policies=None, args=(), env=None, tokens=None):
         self.base = Path(base)
@@ -160,7 +177,10 @@ class Daemon:
         return 0
 
     def leftovers(self):
-        """What a finished run must not leave on the host."""
+        """What a finished run must not leave on the host. While the daemon runs, its
+        only cgroups are idle slots, each holding its one slot process; once it has
+        stopped, nothing at all."""
+        running = self.proc is not None and self.proc.poll() is None
         found = {}
         procs = []
         for p in Path("/proc").iterdir():
@@ -177,11 +197,18 @@ class Daemon:
         groups = []
         for root in cgroup_roots():
             inst = root / self.instance
-            if inst.is_dir():
-                groups += [str(d) for d in inst.iterdir() if d.is_dir() and d.name != "daemon"]
+            if not inst.is_dir():
+                continue
+            for d in inst.iterdir():
+                if not d.is_dir() or d.name == "daemon":
+                    continue
+                members = (d / "cgroup.procs").read_text().split()
+                slot = running and len(members) == 1 and _is_slot(members[0])
+                if not slot:
+                    groups.append((str(d), [(m, _cmdline(m)) for m in members]))
         if groups:
             found["cgroups"] = groups
-        mounts = [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if str(self.base) in l]
+        mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(self.base) in line]
         if mounts:
             found["mounts"] = mounts
         return found

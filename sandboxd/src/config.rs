@@ -70,6 +70,9 @@ pub struct Settings {
     /// Name of the cgroup directory (below the daemon's own) that holds run cgroups.
     #[arg(long, env = "SANDBOXD_INSTANCE")]
     pub instance: Option<String>,
+    /// Sandbox slots (a cgroup with a resident process) made at start-up, ahead of runs.
+    #[arg(long, env = "SANDBOXD_READY_SANDBOXES")]
+    pub ready_sandboxes: Option<usize>,
     /// Seconds that running runs get to finish at shutdown before they are killed.
     #[arg(long, env = "SANDBOXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
@@ -98,6 +101,7 @@ pub struct Config {
     pub session_ttl_s: u64,
     pub uid_base: u32,
     pub instance: String,
+    pub ready_sandboxes: usize,
     pub shutdown_grace_s: u64,
     pub log_format: String,
     pub log: String,
@@ -143,6 +147,7 @@ impl Config {
             session_ttl_s,
             uid_base,
             instance,
+            ready_sandboxes,
             shutdown_grace_s,
             log_format,
             log
@@ -209,6 +214,7 @@ impl Config {
             session_ttl_s: s.session_ttl_s.unwrap_or(1800),
             uid_base,
             instance,
+            ready_sandboxes: s.ready_sandboxes.unwrap_or(2).min(64),
             shutdown_grace_s: s.shutdown_grace_s.unwrap_or(10),
             log_format,
             log: s.log.unwrap_or_else(|| "info".into()),

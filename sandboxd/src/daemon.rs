@@ -8,7 +8,7 @@
 
 use crate::api::{self, AppState, Listener};
 use crate::config::Config;
-use crate::isolate::{cgroup::Cgroups, landlock};
+use crate::isolate::{cgroup::Cgroups, landlock, Sandboxes};
 use crate::run::Context;
 use crate::session::Manager;
 use crate::{policy, rootfs};
@@ -85,9 +85,15 @@ async fn serve(config: Config) -> Result<(), Error> {
     if recovered > 0 {
         tracing::info!(sessions = recovered, "took back sessions from an earlier run");
     }
+    let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
+    sandboxes.prewarm();
     let state = Arc::new(AppState {
         sessions: Arc::new(sessions),
-        ctx: Context { cgroups, rootfs: rootfs.path.clone(), public_url: config.public_url.clone() },
+        ctx: Context {
+            sandboxes: sandboxes.clone(),
+            rootfs: rootfs.path.clone(),
+            public_url: config.public_url.clone(),
+        },
         token_hashes: config.tokens.iter().map(|t| api::token_hash(t)).collect(),
         version: env!("CARGO_PKG_VERSION"),
         rootfs_sha256: rootfs.sha256.clone(),
@@ -151,6 +157,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     while state.sessions.busy_count() > 0 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    sandboxes.shutdown().await;
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
     Ok(())

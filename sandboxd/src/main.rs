@@ -7,7 +7,7 @@ use sandboxd::{config, daemon, isolate};
 fn main() {
     // The helper must decide before anything starts a thread.
     if std::env::args_os().nth(1).is_some_and(|a| a == isolate::HELPER_ARG) {
-        isolate::helper::main();
+        isolate::slot::main();
     }
     let settings = config::Settings::parse();
     let print = settings.print_config;

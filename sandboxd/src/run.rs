@@ -88,7 +88,7 @@ pub struct RunResult {
 
 /// What every run needs from the daemon.
 pub struct Context {
-    pub cgroups: cgroup::Cgroups,
+    pub sandboxes: std::sync::Arc<isolate::Sandboxes>,
     pub rootfs: PathBuf,
     pub public_url: String,
 }
@@ -180,7 +180,6 @@ pub async fn execute(
             stdin,
             host_uid: lease.uid,
             host_gid: lease.uid,
-            cgroup_procs: vec![],
             tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
             shm_size_bytes: policy.shm_mb * 1024 * 1024,
             rlimits: spec::Rlimits {
@@ -188,7 +187,6 @@ pub async fn execute(
                 open_files: policy.open_files,
             },
             hostname: "sandbox".into(),
-            daemon_pid: std::process::id(),
         },
         limits: cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids },
         timeout,
@@ -197,7 +195,7 @@ pub async fn execute(
     };
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = %req.code, "run code");
-    let outcome = isolate::run(&ctx.cgroups, run, chunks, lease.cancel.clone()).await.map_err(|e| match e {
+    let outcome = ctx.sandboxes.run(run, chunks, lease.cancel.clone()).await.map_err(|e| match e {
         isolate::Error::Setup { step, error } => ApiError::internal(&format!("building the sandbox ({step})"), error),
         other => ApiError::internal("running the sandbox", other),
     })?;

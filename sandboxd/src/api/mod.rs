@@ -120,7 +120,7 @@ pub async fn health(State(state): State<Shared>) -> Json<Health> {
         status: "ok",
         version: state.version,
         rootfs_sha256: state.rootfs_sha256.clone(),
-        cgroup: state.ctx.cgroups.describe(),
+        cgroup: state.ctx.sandboxes.cgroups.describe(),
         landlock_abi: state.landlock_abi,
         sessions: state.sessions.count(),
         busy_sessions: state.sessions.busy_count(),

@@ -63,6 +63,7 @@ pub struct RunCgroup {
     version: Version,
     dirs: Vec<PathBuf>,
     memory: PathBuf,
+    cpu: PathBuf,
     pids: PathBuf,
     unified: Option<PathBuf>,
 }
@@ -198,46 +199,29 @@ impl Cgroups {
         }
     }
 
-    /// Create the cgroup for run `id` and set its limits.
-    pub fn create(&self, id: &str, limits: &Limits) -> Result<RunCgroup, Error> {
-        let mut run = RunCgroup {
+    /// Create the cgroup(s) for run `id`, without limits yet (see [`RunCgroup::set_limits`]).
+    pub fn create(&self, id: &str) -> Result<RunCgroup, Error> {
+        let mut run = self.run_cgroup(id);
+        for base in self.bases() {
+            let dir = base.join(id);
+            if let Err(e) = fs::create_dir(&dir) {
+                let _ = run.remove();
+                return Err(Error::Create(dir, e));
+            }
+            run.dirs.push(dir);
+        }
+        Ok(run)
+    }
+
+    fn run_cgroup(&self, id: &str) -> RunCgroup {
+        RunCgroup {
             version: self.version,
             dirs: vec![],
             memory: self.memory.join(id),
+            cpu: self.cpu.join(id),
             pids: self.pids.join(id),
             unified: self.unified.as_ref().map(|u| u.join(id)),
-        };
-        for base in self.bases() {
-            let dir = base.join(id);
-            fs::create_dir(&dir).map_err(|e| Error::Create(dir.clone(), e))?;
-            run.dirs.push(dir);
         }
-        let quota = ((limits.cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
-        let result = match self.version {
-            Version::V2 => (|| {
-                let d = &run.memory;
-                write(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
-                write_if_present(&d.join("memory.swap.max"), "0")?;
-                write_if_present(&d.join("memory.oom.group"), "1")?;
-                write(&d.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
-                write(&d.join("pids.max"), &limits.pids.to_string())
-            })(),
-            Version::V1 => (|| {
-                let m = &run.memory;
-                write(&m.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
-                // memory+swap equal to memory: no swap at all.
-                write_if_present(&m.join("memory.memsw.limit_in_bytes"), &limits.memory_bytes.to_string())?;
-                let c = self.cpu.join(id);
-                write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-                write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
-                write(&run.pids.join("pids.max"), &limits.pids.to_string())
-            })(),
-        };
-        if let Err(e) = result {
-            let _ = run.remove();
-            return Err(e);
-        }
-        Ok(run)
     }
 
     /// Kill and remove every run cgroup an earlier instance left behind.
@@ -256,13 +240,8 @@ impl Cgroups {
             }
         }
         for id in &ids {
-            let run = RunCgroup {
-                version: self.version,
-                dirs: self.bases().iter().map(|b| b.join(id)).filter(|d| d.is_dir()).collect(),
-                memory: self.memory.join(id),
-                pids: self.pids.join(id),
-                unified: self.unified.as_ref().map(|u| u.join(id)),
-            };
+            let mut run = self.run_cgroup(id);
+            run.dirs = self.bases().iter().map(|b| b.join(id)).filter(|d| d.is_dir()).collect();
             run.kill();
             run.remove()?;
         }
@@ -299,18 +278,84 @@ fn write_if_present(path: &Path, value: &str) -> Result<(), Error> {
 }
 
 impl RunCgroup {
+    /// Set (or change) the run's limits.
+    pub fn set_limits(&self, limits: &Limits) -> Result<(), Error> {
+        let quota = ((limits.cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
+        match self.version {
+            Version::V2 => {
+                let d = &self.memory;
+                write(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
+                write_if_present(&d.join("memory.swap.max"), "0")?;
+                write_if_present(&d.join("memory.oom.group"), "1")?;
+                write(&d.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+                write(&d.join("pids.max"), &limits.pids.to_string())
+            }
+            Version::V1 => {
+                let m = &self.memory;
+                // memory+swap must stay >= memory: order the two writes so each is valid.
+                let memsw = m.join("memory.memsw.limit_in_bytes");
+                let current: u64 = fs::read_to_string(m.join("memory.limit_in_bytes"))
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                    .unwrap_or(u64::MAX);
+                let value = limits.memory_bytes.to_string();
+                if limits.memory_bytes < current {
+                    write(&m.join("memory.limit_in_bytes"), &value)?;
+                    write_if_present(&memsw, &value)?;
+                } else {
+                    write_if_present(&memsw, &value)?;
+                    write(&m.join("memory.limit_in_bytes"), &value)?;
+                }
+                write(&self.cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write(&self.cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                write(&self.pids.join("pids.max"), &limits.pids.to_string())
+            }
+        }
+    }
+
     /// The `cgroup.procs` files a process writes its pid to, to join this run.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
-    /// Did the kernel's OOM killer kill anything in this run?
-    pub fn oom_killed(&self) -> bool {
+    /// How many processes the kernel's OOM killer has killed in this cgroup so far.
+    pub fn oom_kills(&self) -> u64 {
         let file = match self.version {
             Version::V2 => "memory.events",
             Version::V1 => "memory.oom_control",
         };
-        fs::read_to_string(self.memory.join(file)).map(|text| parse_counter(&text, "oom_kill") > 0).unwrap_or(false)
+        fs::read_to_string(self.memory.join(file)).map(|text| parse_counter(&text, "oom_kill")).unwrap_or(0)
+    }
+
+    /// Start measuring peak memory afresh (a slot's cgroup serves many runs).
+    pub fn reset_peak(&self) {
+        let file = match self.version {
+            Version::V2 => "memory.peak",
+            Version::V1 => "memory.max_usage_in_bytes",
+        };
+        // Kernels before 6.12 cannot reset memory.peak: the peak then spans runs.
+        let _ = fs::write(self.memory.join(file), "0");
+    }
+
+    /// SIGKILL every process in the cgroup but `keep` (the slot process itself).
+    pub fn kill_except(&self, keep: Option<u32>) {
+        let procs = match self.version {
+            Version::V2 => self.memory.join("cgroup.procs"),
+            Version::V1 => self.pids.join("cgroup.procs"),
+        };
+        // Usually only the run's helper is still there, a moment from gone: poll fast.
+        for _ in 0..2000 {
+            let text = fs::read_to_string(&procs).unwrap_or_default();
+            let pids: Vec<i32> =
+                text.lines().filter_map(|l| l.trim().parse().ok()).filter(|p| Some(*p as u32) != keep).collect();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 
     /// Peak memory use in bytes, when the kernel reports it.

@@ -1,21 +1,21 @@
-//! The sandbox helper, `sandboxd __sandbox`: a fresh, single-threaded process that
-//! the daemon starts for every run, so no fork ever happens in the async runtime.
+//! The sandbox helper: one single-threaded process per run, forked by the run's
+//! slot process ([`super::slot`]), so no fork ever happens in the async runtime and
+//! the helper is born in the slot's cgroup.
 //!
-//! On the host, as root, it: reads the [`SandboxSpec`] from the control socket on
-//! its stdin, ties its life to the daemon's, drops supplementary groups, joins the
-//! run's cgroups, clones the sandbox init into new namespaces (see [`super::init`]),
-//! writes the init's uid/gid maps, releases it, and reports [`Event`]s back until
-//! the init exits.
+//! On the host, as root, it: reads the [`SandboxSpec`] from its control socket,
+//! clones the sandbox init into new namespaces (see [`super::init`]), writes the
+//! init's uid/gid maps, releases it, and reports [`Event`]s back until the init
+//! exits.
 
 use super::init;
 use super::namespaces::{self, Forked};
 use super::spec::{Event, SandboxSpec};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
-use nix::unistd::{getpid, getppid, Pid};
+use nix::unistd::Pid;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 /// A step that failed, with its cause; reported as [`Event::SetupFailed`].
@@ -43,15 +43,9 @@ impl Control {
     }
 }
 
-/// Entry point of `sandboxd __sandbox`. Never returns.
-pub fn main() -> ! {
-    // SAFETY: the daemon starts the helper with the control socket as fd 0 and
-    // nothing else owns fd 0 in this fresh process; we take ownership of it here.
-    let stdin = unsafe { OwnedFd::from_raw_fd(0) };
-    let socket = match moved_off_stdio(stdin) {
-        Ok(s) => s,
-        Err(_) => std::process::exit(2),
-    };
+/// Serve one run on `socket`: the body of a process the slot just forked, whose
+/// stdout/stderr are the run's output pipes. Never returns.
+pub fn serve(socket: UnixStream) -> ! {
     let mut control = match socket.try_clone() {
         Ok(s) => Control(s),
         Err(_) => std::process::exit(2),
@@ -66,37 +60,16 @@ pub fn main() -> ! {
     std::process::exit(code)
 }
 
-/// Move the control socket to a close-on-exec fd above 2 and put /dev/null on fd 0.
-fn moved_off_stdio(fd: OwnedFd) -> Result<UnixStream, Failure> {
-    use std::os::fd::AsRawFd;
-    let dup = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(Failure::at("dup control"))?;
-    // SAFETY: F_DUPFD_CLOEXEC returned a new fd that nothing else owns.
-    let socket = unsafe { UnixStream::from_raw_fd(dup) };
-    let devnull = File::open("/dev/null").map_err(Failure::at("open /dev/null"))?;
-    // SAFETY: dup2 onto fd 0 replaces the stdin we own (`fd`), which we then forget
-    // so it is not closed a second time.
-    if unsafe { libc::dup2(devnull.as_raw_fd(), 0) } < 0 {
-        return Err(Failure::at("dup2 stdin")(nix::Error::last()));
-    }
-    std::mem::forget(fd);
-    Ok(socket)
-}
-
 fn run(socket: UnixStream, control: &mut Control) -> Result<(), Failure> {
+    // The slot dies with the daemon; the helper dies with the slot.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
     let mut line = String::new();
     BufReader::new(socket).read_line(&mut line).map_err(Failure::at("read spec"))?;
+    if line.is_empty() {
+        return Err(Failure { step: "read spec", error: "the daemon closed the control socket".into() });
+    }
     let spec: SandboxSpec = serde_json::from_str(&line).map_err(Failure::at("parse spec"))?;
-
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
-    if getppid().as_raw() as u32 != spec.daemon_pid {
-        return Err(Failure { step: "check parent", error: "the daemon is gone".into() });
-    }
-    nix::unistd::setgroups(&[]).map_err(Failure::at("drop supplementary groups"))?;
-    let me = getpid().to_string();
-    for procs in &spec.cgroup_procs {
-        std::fs::write(procs, &me)
-            .map_err(|e| Failure { step: "join cgroup", error: format!("{}: {e}", procs.display()) })?;
-    }
+    control.send(&Event::HelperStarted { pid: nix::unistd::getpid().as_raw() });
 
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
     let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;

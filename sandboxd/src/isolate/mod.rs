@@ -1,7 +1,7 @@
 //! Running one program in a fresh sandbox.
 //!
-//! The daemon side lives here ([`run`]): it creates the run's cgroup, starts the
-//! single-threaded helper (`sandboxd __sandbox`, [`helper`]) with a control socket,
+//! The daemon side lives here ([`Sandboxes::run`]): it takes a slot (a cgroup with
+//! a resident process, [`slot`]), has it fork the run's helper ([`helper`]),
 //! reads the program's stdout and stderr (capped while they are read), enforces the
 //! wall-clock limit (SIGTERM, a grace period, then SIGKILL to the whole tree), and
 //! turns what the helper reports into an [`Outcome`].
@@ -19,14 +19,17 @@ pub mod namespaces;
 pub mod output;
 pub mod rlimits;
 pub mod seccomp;
+pub mod slot;
 pub mod spec;
 
 use output::{Captured, Chunk, StreamKind};
 use spec::{Event, SandboxSpec};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, watch};
 
 /// The hidden first argument that turns the `sandboxd` binary into the helper.
@@ -49,6 +52,7 @@ pub enum Error {
 /// One run to perform.
 #[derive(Debug, Clone)]
 pub struct Run {
+    /// For logs.
     pub id: String,
     pub spec: SandboxSpec,
     pub limits: cgroup::Limits,
@@ -80,66 +84,165 @@ fn helper_exe() -> PathBuf {
     PathBuf::from("/proc/self/exe")
 }
 
-/// Run the program in a new sandbox. `chunks`, when given, receives the output as
-/// it is produced (within the caps). Setting `cancel` to true kills the run.
-pub async fn run(
-    cgroups: &cgroup::Cgroups,
-    run: Run,
-    chunks: Option<mpsc::Sender<Chunk>>,
-    mut cancel: watch::Receiver<bool>,
-) -> Result<Outcome, Error> {
-    let started = Instant::now();
-    let cg = cgroups.create(&run.id, &run.limits)?;
-    let result = drive(&cg, &run, chunks, &mut cancel, started).await;
-    // Whatever happened, nothing of the run survives it.
-    cg.kill();
-    let oom_killed = cg.oom_killed();
-    let memory_peak_bytes = cg.memory_peak();
-    let removed = tokio::task::spawn_blocking(move || cg.remove()).await;
-    if let Ok(Err(e)) = removed {
-        tracing::warn!(run_id = %run.id, error = %e, "could not remove the run's cgroup");
+/// Makes sandboxes in reusable slots ([`slot`]), keeping some ready.
+pub struct Sandboxes {
+    pub cgroups: cgroup::Cgroups,
+    idle: Mutex<Vec<slot::Slot>>,
+    /// Slots made at start-up, before any run needs them.
+    prewarm: usize,
+    /// Most idle slots kept; more are made under load and removed afterwards.
+    max_idle: usize,
+}
+
+async fn send_line<T: serde::Serialize>(w: &mut OwnedWriteHalf, msg: &T) -> Result<(), Error> {
+    let mut line = serde_json::to_vec(msg).map_err(|e| Error::Control(e.into()))?;
+    line.push(b'\n');
+    w.write_all(&line).await.map_err(Error::Control)
+}
+
+impl Sandboxes {
+    pub fn new(cgroups: cgroup::Cgroups, prewarm: usize, max_idle: usize) -> Arc<Sandboxes> {
+        Arc::new(Sandboxes { cgroups, idle: Mutex::new(vec![]), prewarm, max_idle: max_idle.max(prewarm) })
     }
-    let mut outcome = result?;
-    outcome.oom_killed = oom_killed;
-    outcome.memory_peak_bytes = memory_peak_bytes;
-    Ok(outcome)
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<slot::Slot>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make a slot: its cgroup, and its process joined to it (~10 ms on v1).
+    async fn new_slot(&self) -> Result<slot::Slot, Error> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let cg = self.cgroups.create(&id)?;
+        slot::Slot::start(id, cg, &helper_exe(), HELPER_ARG)
+            .await
+            .map_err(|f| Error::Setup { step: f.step.into(), error: f.error })
+    }
+
+    /// Make the start-up slots (in the background).
+    pub fn prewarm(self: &Arc<Self>) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            for _ in 0..me.prewarm {
+                match me.new_slot().await {
+                    Ok(s) => me.lock().push(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not make a sandbox slot ahead of time");
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    async fn take(&self) -> Result<slot::Slot, Error> {
+        loop {
+            let popped = self.lock().pop();
+            match popped {
+                Some(mut s) => {
+                    if s.alive() {
+                        return Ok(s);
+                    }
+                    destroy(s).await;
+                }
+                None => return self.new_slot().await,
+            }
+        }
+    }
+
+    async fn give_back(&self, mut s: slot::Slot) {
+        if s.alive() {
+            let mut idle = self.lock();
+            if idle.len() < self.max_idle {
+                idle.push(s);
+                return;
+            }
+        }
+        destroy(s).await;
+    }
+
+    /// How many slots wait for runs.
+    pub fn idle_slots(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Remove every idle slot (daemon shutdown).
+    pub async fn shutdown(&self) {
+        let slots: Vec<slot::Slot> = self.lock().drain(..).collect();
+        for s in slots {
+            destroy(s).await;
+        }
+    }
+
+    /// Run the program in a new sandbox. `chunks`, when given, receives the output
+    /// as it is produced (within the caps). Setting `cancel` to true kills the run.
+    pub async fn run(
+        self: &Arc<Self>,
+        run: Run,
+        chunks: Option<mpsc::Sender<Chunk>>,
+        mut cancel: watch::Receiver<bool>,
+    ) -> Result<Outcome, Error> {
+        let started = Instant::now();
+        let slot = self.take().await?;
+        tracing::debug!(run_id = %run.id, slot = %slot.id, elapsed_us = started.elapsed().as_micros() as u64, "slot taken");
+        let oom_before = slot.cg.oom_kills();
+        slot.cg.reset_peak();
+        let result = match slot.cg.set_limits(&run.limits) {
+            Ok(()) => drive(&slot, &run, chunks, &mut cancel, started).await,
+            Err(e) => Err(e.into()),
+        };
+        // Whatever happened, nothing of the run survives it.
+        slot.cg.kill_except(slot.pid());
+        let oom_killed = slot.cg.oom_kills() > oom_before;
+        let memory_peak_bytes = slot.cg.memory_peak();
+        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox ended");
+        self.give_back(slot).await;
+        let mut outcome = result?;
+        outcome.oom_killed = oom_killed;
+        outcome.memory_peak_bytes = memory_peak_bytes;
+        Ok(outcome)
+    }
+}
+
+/// Kill a slot's process and remove its cgroup.
+async fn destroy(mut s: slot::Slot) {
+    let _ = s.process.start_kill();
+    let _ = s.process.wait().await;
+    let cg = s.cg;
+    let removed = tokio::task::spawn_blocking(move || {
+        cg.kill();
+        cg.remove()
+    })
+    .await;
+    if let Ok(Err(e)) = removed {
+        tracing::warn!(slot = %s.id, error = %e, "could not remove a slot's cgroup");
+    }
 }
 
 async fn drive(
-    cg: &cgroup::RunCgroup,
+    slot: &slot::Slot,
     run: &Run,
     chunks: Option<mpsc::Sender<Chunk>>,
     cancel: &mut watch::Receiver<bool>,
     started: Instant,
 ) -> Result<Outcome, Error> {
-    let mut spec = run.spec.clone();
-    spec.cgroup_procs = cg.procs_files();
-    spec.daemon_pid = std::process::id();
-
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Control)?;
     ours.set_nonblocking(true).map_err(Error::Control)?;
-    let exe = helper_exe();
-    let mut child = tokio::process::Command::new(&exe)
-        .arg(HELPER_ARG)
-        .env_clear()
-        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| Error::Spawn(exe.clone(), e))?;
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Control(e.into()));
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    slot.fork_helper(&OwnedFd::from(theirs), &out_w, &err_w)
+        .map_err(|f| Error::Setup { step: f.step.into(), error: f.error })?;
+    // Only the helper holds the write ends now: end-of-file means the sandbox is done.
+    drop((out_w, err_w));
+    let receiver = |fd: OwnedFd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok();
     let readers = [
-        tokio::spawn(output::capture(stdout, StreamKind::Stdout, run.output_limit, chunks.clone())),
-        tokio::spawn(output::capture(stderr, StreamKind::Stderr, run.output_limit, chunks)),
+        tokio::spawn(output::capture(receiver(out_r), StreamKind::Stdout, run.output_limit, chunks.clone())),
+        tokio::spawn(output::capture(receiver(err_r), StreamKind::Stderr, run.output_limit, chunks)),
     ];
-    let mut spec_line = serde_json::to_vec(&spec).map_err(|e| Error::Control(e.into()))?;
-    spec_line.push(b'\n');
-    let control = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?;
-    let (read_half, mut write_half) = control.into_split();
-    write_half.write_all(&spec_line).await.map_err(Error::Control)?;
+    let (read_half, mut control) = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?.into_split();
     let mut events = BufReader::new(read_half).lines();
+    send_line(&mut control, &run.spec).await?;
+    let mut helper_pid: Option<i32> = None;
 
     let deadline = tokio::time::sleep(run.timeout);
     tokio::pin!(deadline);
@@ -155,12 +258,20 @@ async fn drive(
         tokio::select! {
             line = events.next_line() => match line {
                 Ok(Some(line)) => match serde_json::from_str::<Event>(&line) {
-                    Ok(Event::Started { init_pid: pid }) => init_pid = Some(pid),
+                    Ok(Event::HelperStarted { pid }) => helper_pid = Some(pid),
+                    Ok(Event::Started { init_pid: pid }) => {
+                        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
+                        init_pid = Some(pid);
+                    }
                     Ok(Event::Warning { message }) => {
                         tracing::warn!(run_id = %run.id, "{message}");
                         warnings.push(message);
                     }
-                    Ok(e) => { final_event = Some(e); break; }
+                    Ok(e) => {
+                        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "program ended");
+                        final_event = Some(e);
+                        break;
+                    }
                     Err(e) => tracing::warn!(run_id = %run.id, error = %e, "unreadable helper event"),
                 },
                 Ok(None) | Err(_) => break,
@@ -173,26 +284,28 @@ async fn drive(
                         signal(pid, nix::sys::signal::Signal::SIGTERM);
                         term_sent_at = Some(Instant::now());
                     }
-                    _ => kill_all(cg, init_pid),
+                    _ => kill_all(init_pid, helper_pid),
                 }
             },
             _ = tokio::time::sleep(grace_left.unwrap_or(Duration::MAX)), if grace_left.is_some() => {
                 term_sent_at = None;
-                kill_all(cg, init_pid);
+                kill_all(init_pid, helper_pid);
             },
             changed = cancel.changed(), if !cancelled && !timed_out => {
                 if changed.is_err() || *cancel.borrow() {
                     cancelled = true;
-                    kill_all(cg, init_pid);
+                    kill_all(init_pid, helper_pid);
                 }
             },
         }
     }
-    // The helper exits right after its last event; if it does not, it is killed.
-    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
-        let _ = child.kill().await;
+    // The helper exits right after its last event (its socket then reads end-of-file);
+    // if it does not, it is killed.
+    let drained =
+        tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = events.next_line().await {} });
+    if drained.await.is_err() || final_event.is_none() {
+        kill_all(init_pid, helper_pid);
     }
-    kill_all(cg, init_pid);
     let [out, err] = readers;
     let stdout = out.await.unwrap_or_default();
     let stderr = err.await.unwrap_or_default();
@@ -229,10 +342,9 @@ fn signal(pid: i32, sig: nix::sys::signal::Signal) {
 }
 
 /// SIGKILL the sandbox's init (the kernel then kills its whole pid namespace) and
-/// everything in the run's cgroup.
-fn kill_all(cg: &cgroup::RunCgroup, init_pid: Option<i32>) {
-    if let Some(pid) = init_pid {
+/// the helper. The slot process stays; [`Sandboxes::run`] sweeps the cgroup after.
+fn kill_all(init_pid: Option<i32>, helper_pid: Option<i32>) {
+    for pid in [init_pid, helper_pid].into_iter().flatten() {
         signal(pid, nix::sys::signal::Signal::SIGKILL);
     }
-    cg.kill();
 }

@@ -1,8 +1,10 @@
 //! What the daemon tells the sandbox helper, and what the helper reports back.
 //!
 //! The daemon (multi-threaded, async) never forks. It starts its own binary as a
-//! single-threaded helper (`sandboxd __sandbox`) with a Unix socket on stdin, sends
-//! one [`SandboxSpec`] as a JSON line, and reads [`Event`]s back as JSON lines.
+//! single-threaded slot process (`sandboxd __sandbox`) and sends it a [`Prepare`];
+//! the slot joins its cgroup and answers [`Event::Ready`]. For each run, the daemon
+//! hands the slot a control socket and the output pipes; the slot forks a helper,
+//! which reads one [`SandboxSpec`] as a JSON line and sends [`Event`]s back.
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -27,13 +29,18 @@ pub struct SandboxSpec {
     /// Host uid/gid that the sandbox uid/gid map to.
     pub host_uid: u32,
     pub host_gid: u32,
-    /// `cgroup.procs` files the helper joins before it creates the namespaces.
-    pub cgroup_procs: Vec<PathBuf>,
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
     pub rlimits: Rlimits,
     pub hostname: String,
-    /// The daemon's pid: the helper exits at once if its parent is already gone.
+}
+
+/// The first message: get ready for a run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Prepare {
+    /// `cgroup.procs` files the slot joins, once; its helpers are born there.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The daemon's pid: the slot exits at once if its parent is already gone.
     pub daemon_pid: u32,
 }
 
@@ -49,6 +56,10 @@ pub struct Rlimits {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// The slot is in its cgroup and waits for runs.
+    Ready,
+    /// The run's helper process exists; `pid` is its host pid.
+    HelperStarted { pid: i32 },
     /// The sandbox's init process exists; `init_pid` is its host pid.
     Started { init_pid: i32 },
     /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.

@@ -1,0 +1,233 @@
+//! Slots: a cgroup plus a small resident process in it (`sandboxd __sandbox`), made
+//! once and reused run after run.
+//!
+//! Moving a process into a v1 cgroup waits for an RCU grace period (~10 ms) while
+//! holding a lock that stalls every fork on the machine. A slot pays that once:
+//! for each run the daemon hands the slot a control socket and the two output
+//! pipes (SCM_RIGHTS over a SOCK_SEQPACKET socket), and the slot forks the run's
+//! helper ([`super::helper`]), which is born in the slot's cgroup without any
+//! migration and without an exec.
+
+use super::cgroup::RunCgroup;
+use super::helper::{self, Failure};
+use super::spec::{Event, Prepare};
+use nix::sys::signal::{signal, SigHandler, Signal};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+fn send_json<T: serde::Serialize>(sock: &OwnedFd, msg: &T) -> Result<(), Failure> {
+    let bytes = serde_json::to_vec(msg).map_err(Failure::at("encode"))?;
+    nix::sys::socket::send(sock.as_raw_fd(), &bytes, MsgFlags::empty()).map_err(Failure::at("send"))?;
+    Ok(())
+}
+
+/// Entry point of `sandboxd __sandbox`: the slot process. Never returns.
+pub fn main() -> ! {
+    let code = match slot_main() {
+        Ok(()) => 0,
+        Err(_) => 1,
+    };
+    std::process::exit(code)
+}
+
+fn slot_main() -> Result<(), Failure> {
+    // SAFETY: the daemon starts the slot with its SOCK_SEQPACKET socket as fd 0 and
+    // nothing else owns fd 0 in this fresh process.
+    let stdin = unsafe { OwnedFd::from_raw_fd(0) };
+    let sock = nix::fcntl::fcntl(&stdin, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(Failure::at("dup"))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new fd that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let devnull = std::fs::File::open("/dev/null").map_err(Failure::at("open /dev/null"))?;
+    // SAFETY: replaces fd 0 (owned by `stdin`, forgotten below) with /dev/null.
+    unsafe { libc::dup2(devnull.as_raw_fd(), 0) };
+    std::mem::forget(stdin);
+
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(Failure::at("recv"))?;
+    let prepare: Prepare = serde_json::from_slice(&buf[..n]).map_err(Failure::at("parse prepare"))?;
+    let ready = join(&prepare);
+    match ready {
+        Ok(()) => send_json(&sock, &Event::Ready)?,
+        Err(f) => {
+            let _ = send_json(&sock, &Event::SetupFailed { step: f.step.into(), error: f.error.clone() });
+            return Err(f);
+        }
+    }
+    // Helpers are reaped by the kernel: the slot never waits for them.
+    // SAFETY: setting SIG_IGN installs no handler code.
+    unsafe { signal(Signal::SIGCHLD, SigHandler::SigIgn) }.map_err(Failure::at("SIGCHLD"))?;
+
+    loop {
+        let fds = match receive_fds(&sock) {
+            Ok(Some(fds)) => fds,
+            Ok(None) => return Ok(()), // the daemon closed the socket
+            Err(_) => continue,
+        };
+        // SAFETY: the slot is single-threaded (it never starts a thread), so the
+        // child may run arbitrary code.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => {
+                drop(sock);
+                become_helper(fds)
+            }
+            Ok(nix::unistd::ForkResult::Parent { .. }) => drop(fds),
+            Err(_) => drop(fds), // the daemon sees the control socket close
+        }
+    }
+}
+
+/// Tie the slot to the daemon and join the cgroup, once.
+fn join(prepare: &Prepare) -> Result<(), Failure> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
+    if nix::unistd::getppid().as_raw() as u32 != prepare.daemon_pid {
+        return Err(Failure { step: "check parent", error: "the daemon is gone".into() });
+    }
+    nix::unistd::setgroups(&[]).map_err(Failure::at("drop supplementary groups"))?;
+    let me = nix::unistd::getpid().to_string();
+    for procs in &prepare.cgroup_procs {
+        std::fs::write(procs, &me)
+            .map_err(|e| Failure { step: "join cgroup", error: format!("{}: {e}", procs.display()) })?;
+    }
+    Ok(())
+}
+
+/// `[control, stdout, stderr]` for one run, or None when the daemon hung up.
+fn receive_fds(sock: &OwnedFd) -> Result<Option<[OwnedFd; 3]>, nix::Error> {
+    let mut byte = [0u8; 1];
+    let mut iov = [IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    if msg.bytes == 0 {
+        return Ok(None);
+    }
+    let mut fds: Vec<OwnedFd> = vec![];
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            // SAFETY: SCM_RIGHTS just installed these fds in our table; we own them.
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    match <[OwnedFd; 3]>::try_from(fds) {
+        Ok(three) => Ok(Some(three)),
+        Err(_) => Err(nix::Error::EBADMSG),
+    }
+}
+
+/// In the freshly forked child: the output pipes become stdout/stderr, and the
+/// helper serves the run on the control socket.
+fn become_helper(fds: [OwnedFd; 3]) -> ! {
+    let [control, stdout, stderr] = fds;
+    // SAFETY: restoring the default SIGCHLD disposition installs no handler; the
+    // helper must be able to wait for its own child.
+    let _ = unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) };
+    for (fd, target) in [(&stdout, 1), (&stderr, 2)] {
+        // SAFETY: dup2 onto our own stdout/stderr.
+        if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+            std::process::exit(3);
+        }
+    }
+    drop(stdout);
+    drop(stderr);
+    helper::serve(UnixStream::from(control))
+}
+
+/// Wait (blocking) for the slot's answer to [`Prepare`].
+fn wait_ready(sock: &OwnedFd) -> Result<(), Failure> {
+    let mut buf = vec![0u8; 64 * 1024];
+    // The attach takes ~10 ms; a slot that does not answer in 30 s is broken.
+    let tv = nix::sys::time::TimeVal::new(30, 0);
+    nix::sys::socket::setsockopt(sock, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+        .map_err(Failure::at("setsockopt"))?;
+    let n = nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty())
+        .map_err(Failure::at("wait for the slot"))?;
+    match serde_json::from_slice::<Event>(&buf[..n]) {
+        Ok(Event::Ready) => Ok(()),
+        Ok(Event::SetupFailed { step, error }) => Err(Failure { step: "slot", error: format!("{step}: {error}") }),
+        _ => Err(Failure { step: "slot", error: "the slot process ended before it was ready".into() }),
+    }
+}
+
+/// The daemon's side of a slot.
+pub struct Slot {
+    pub id: String,
+    pub process: tokio::process::Child,
+    sock: OwnedFd,
+    pub cg: RunCgroup,
+}
+
+impl Slot {
+    /// Start a slot process in `cg` and wait until it has joined the cgroup.
+    ///
+    /// The process is spawned on the calling (async worker) thread: its parent-death
+    /// signal fires when the thread that forked it ends, and worker threads live as
+    /// long as the daemon, unlike the blocking pool's. Only the wait is blocking.
+    pub async fn start(id: String, cg: RunCgroup, exe: &std::path::Path, arg: &str) -> Result<Slot, Failure> {
+        let spawned = Self::spawn(&cg, exe, arg);
+        let (process, cg, result) = match spawned {
+            Ok((process, sock)) => {
+                let waited = tokio::task::spawn_blocking(move || (wait_ready(&sock).map(|_| sock), cg)).await;
+                match waited {
+                    Ok((result, cg)) => (Some(process), cg, result),
+                    Err(e) => return Err(Failure { step: "slot", error: e.to_string() }),
+                }
+            }
+            Err(f) => (None, cg, Err(f)),
+        };
+        match (process, result) {
+            (Some(process), Ok(sock)) => Ok(Slot { id, process, sock, cg }),
+            (process, Err(f)) => {
+                // Nothing may stay in the cgroup: kill the process, then remove it.
+                if let Some(mut p) = process {
+                    let _ = p.start_kill();
+                    let _ = p.wait().await;
+                }
+                let _ = tokio::task::spawn_blocking(move || {
+                    cg.kill();
+                    cg.remove()
+                })
+                .await;
+                Err(f)
+            }
+            (None, Ok(_)) => Err(Failure { step: "slot", error: "no slot process".into() }),
+        }
+    }
+
+    fn spawn(cg: &RunCgroup, exe: &std::path::Path, arg: &str) -> Result<(tokio::process::Child, OwnedFd), Failure> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+            .map_err(Failure::at("socketpair"))?;
+        let process = tokio::process::Command::new(exe)
+            .arg0("sandboxd")
+            .arg(arg)
+            .env_clear()
+            .stdin(std::process::Stdio::from(theirs))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(Failure::at("start the slot process"))?;
+        send_json(&ours, &Prepare { cgroup_procs: cg.procs_files(), daemon_pid: std::process::id() })?;
+        Ok((process, ours))
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.id()
+    }
+
+    /// Is the slot process still there to fork helpers?
+    pub fn alive(&mut self) -> bool {
+        matches!(self.process.try_wait(), Ok(None))
+    }
+
+    /// Ask the slot to fork a helper for one run.
+    pub fn fork_helper(&self, control: &OwnedFd, stdout: &OwnedFd, stderr: &OwnedFd) -> Result<(), Failure> {
+        let fds = [control.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()];
+        let cmsg = [ControlMessage::ScmRights(&fds)];
+        let iov = [IoSlice::new(b"r")];
+        sendmsg::<()>(self.sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)
+            .map_err(Failure::at("hand the run to the slot"))?;
+        Ok(())
+    }
+}
