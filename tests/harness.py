@@ -119,6 +119,9 @@ class Daemon:
             "--uid-base", str(self.uid_base),
             "--shutdown-grace-s", "3",
         ]
+        if not any(a.startswith("--max-sessions") for a in self.args):
+            # Runs without a session_id each make a session: leave room for a suite.
+            cmd += ["--max-sessions", "500"]
         if self.tokens:
             cmd += ["--tokens", ",".join(self.tokens)]
         return cmd + self.args

@@ -1,0 +1,71 @@
+"""sandboxctl, the real binary, against a real daemon (Unix socket by default)."""
+
+import json
+import subprocess
+
+from harness import CTL
+
+
+def ctl(daemon, *args, stdin=None, http=False):
+    target = ["--url", daemon.url] if http else ["--socket", str(daemon.socket)]
+    return subprocess.run([str(CTL), *target, *args], input=stdin, capture_output=True, text=True, timeout=120)
+
+
+def test_run_prints_like_the_program_and_exits_with_its_code(daemon):
+    r = ctl(daemon, "run", "-", stdin="import sys\nprint('to out')\nprint('to err', file=sys.stderr)\nsys.exit(3)\n")
+    assert (r.returncode, r.stdout, r.stderr.splitlines()[0]) == (3, "to out\n", "to err")
+    r = ctl(daemon, "run", "--shell", stdin="echo shell; exit 0", http=True)
+    assert (r.returncode, r.stdout) == (0, "shell\n")
+    r = ctl(daemon, "run", "--timeout", "1", stdin="import time; time.sleep(30)")
+    assert r.returncode == 124 and "time limit" in r.stderr
+
+
+def test_run_json_session_and_save(daemon, tmp_path):
+    sid = ctl(daemon, "sessions", "new", "--id", "cli-1").stdout.strip()
+    assert sid == "cli-1"
+    script = tmp_path / "plot.py"
+    script.write_text("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nopen('sub_out.txt', 'w').write('x')\nprint('done')\n")
+    out = tmp_path / "out"
+    r = ctl(daemon, "run", str(script), "--session", sid, "--save", str(out))
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    saved = sorted(p.name for p in out.iterdir())
+    assert "sub_out.txt" in saved and any(n.startswith("figure-") and n.endswith(".png") for n in saved)
+    assert (out / "sub_out.txt").read_text() == "x"
+    r = ctl(daemon, "run", "--json", "--session", sid, stdin="print(open('sub_out.txt').read())")
+    result = json.loads(r.stdout)
+    assert result["stdout"] == "x\n" and result["session_id"] == sid
+    listing = ctl(daemon, "sessions", "ls").stdout
+    assert any(line.split("\t")[0] == sid for line in listing.splitlines())
+    assert json.loads(ctl(daemon, "sessions", "show", sid).stdout)["id"] == sid
+    assert ctl(daemon, "sessions", "rm", sid).returncode == 0
+    r = ctl(daemon, "sessions", "show", sid)
+    assert r.returncode == 2
+    assert r.stderr.startswith("sandboxctl: ") and r.stderr.rstrip().endswith("(session_not_found)")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_files_commands(daemon, tmp_path):
+    sid = ctl(daemon, "sessions", "new").stdout.strip()
+    local = tmp_path / "in.txt"
+    local.write_text("hello file")
+    assert ctl(daemon, "files", "put", sid, str(local), "dir/in.txt").returncode == 0
+    again = ctl(daemon, "files", "put", sid, str(local), "dir/in.txt")
+    assert again.returncode == 2 and "(file_exists)" in again.stderr
+    assert ctl(daemon, "files", "put", sid, str(local), "dir/in.txt", "--overwrite").returncode == 0
+    ls = ctl(daemon, "files", "ls", sid).stdout
+    assert "10\ttext/plain\tdir/in.txt" in ls
+    assert ctl(daemon, "files", "get", sid, "dir/in.txt").stdout == "hello file"
+    target = tmp_path / "back.txt"
+    assert ctl(daemon, "files", "get", sid, "dir/in.txt", "-o", str(target)).returncode == 0
+    assert target.read_text() == "hello file"
+    assert ctl(daemon, "files", "rm", sid, "dir/in.txt").returncode == 0
+    assert "(not_found)" in ctl(daemon, "files", "get", sid, "dir/in.txt").stderr
+
+
+def test_health_unreachable_and_completions(daemon, tmp_path):
+    h = json.loads(ctl(daemon, "health").stdout)
+    assert h["status"] == "ok"
+    r = subprocess.run([str(CTL), "--socket", str(tmp_path / "none.sock"), "health"], capture_output=True, text=True)
+    assert r.returncode == 69 and "cannot reach sandboxd" in r.stderr
+    comp = subprocess.run([str(CTL), "completions", "bash"], capture_output=True, text=True)
+    assert comp.returncode == 0 and "sandboxctl" in comp.stdout
