@@ -39,6 +39,7 @@ output_kb = 64
 tmp_mb = 8
 shm_mb = 8
 file_size_mb = 1
+workspace_mb = 16
 open_files = 64
 upload_mb = 2
 max_artifacts = 5
@@ -211,7 +212,16 @@ class Daemon:
                     groups.append((str(d), [(m, _cmdline(m)) for m in members]))
         if groups:
             found["cgroups"] = groups
-        mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(self.base) in line]
+        sessions = self.state / "sessions"
+        mounts = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = Path(line.split(" ")[4])
+            if str(self.base) not in line:
+                continue
+            # A running daemon keeps each session's workspace image mounted on its data/.
+            if running and point.parent.parent == sessions and point.name == "data":
+                continue
+            mounts.append(line)
         if mounts:
             found["mounts"] = mounts
         return found

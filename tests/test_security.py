@@ -192,13 +192,20 @@ print(json.dumps({
         assert out == {"hardlink": "EXDEV", "symlink_read": "EACCES"}
         r = c.get(f"/v1/sessions/{sid}/files/shadow-link")
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path"
-        # A hard link placed in the workspace from the host, to a host file, is never served.
-        secret = tmp_path / "host-secret"
-        secret.write_text("host secret")
-        os.link(secret, daemon.state / "sessions" / sid / "data" / "hard")
-        r = c.get(f"/v1/sessions/{sid}/files/hard")
-        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path"
-        assert "host secret" not in r.text
+        # A file with a second hard link may be linked from anywhere: it is never served.
+        # (The workspace is its own filesystem, so no host file can be linked into it.)
+        data = daemon.state / "sessions" / sid / "data"
+        (data / "real").write_text("secret")
+        outside = tmp_path / "outside"
+        outside.write_text("host file")
+        with pytest.raises(OSError) as cross:
+            os.link(outside, data / "from-host")
+        assert cross.value.errno == errno.EXDEV
+        os.link(data / "real", data / "hard")
+        for name in ("hard", "real"):
+            r = c.get(f"/v1/sessions/{sid}/files/{name}")
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path"
+            assert "secret" not in r.text
 
 
 def test_mknod_of_a_device_is_refused(daemon):
@@ -425,6 +432,20 @@ def fill_shm():
 print(json.dumps({"tmp": err(fill), "shm": err(fill_shm)}))
 ''')
     assert out == {"tmp": "ENOSPC", "shm": "ENOSPC"}
+
+
+def test_workspace_quota_is_enforced_by_the_kernel(daemon):
+    out, _ = probe(daemon, r'''
+import json
+def fill():
+    for i in range(64):
+        with open(f"/mnt/data/part{i}", "wb") as f:
+            f.write(b"\1" * (512 << 10))
+st = os.statvfs("/mnt/data")
+print(json.dumps({"fill": err(fill), "total_mb": st.f_blocks * st.f_frsize >> 20}))
+''', policy="tiny")
+    assert out["fill"] == "ENOSPC"
+    assert out["total_mb"] <= 16
 
 
 def test_file_size_limit(daemon):

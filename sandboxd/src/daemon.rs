@@ -81,7 +81,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     let sessions =
         Manager::new(&config.state_dir, policies, config.max_sessions, config.session_ttl_s, config.uid_base)
             .map_err(|e| Error::State(config.state_dir.clone(), e))?;
-    let recovered = sessions.recover();
+    let recovered = sessions.recover().await;
     if recovered > 0 {
         tracing::info!(sessions = recovered, "took back sessions from an earlier run");
     }
@@ -158,6 +158,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     sandboxes.shutdown().await;
+    state.sessions.unmount_all().await;
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
     Ok(())

@@ -15,4 +15,5 @@ pub mod policy;
 pub mod rootfs;
 pub mod run;
 pub mod session;
+pub mod storage;
 pub mod workspace;

@@ -130,7 +130,7 @@ impl Policy {
         int("mcp_inline_mb", self.mcp_inline_mb, 1, 1024)?;
         int("tmp_mb", self.tmp_mb, 1, 64 * 1024)?;
         int("shm_mb", self.shm_mb, 1, 64 * 1024)?;
-        int("workspace_mb", self.workspace_mb, 1, 1024 * 1024)?;
+        int("workspace_mb", self.workspace_mb, 16, 1024 * 1024)?;
         int("file_size_mb", self.file_size_mb, 1, 1024 * 1024)?;
         int("open_files", self.open_files, 16, 1 << 20)?;
         int("max_artifacts", self.max_artifacts as u64, 1, 100_000)?;

@@ -7,6 +7,7 @@
 
 use crate::api::error::{ApiError, Code};
 use crate::policy::Policy;
+use crate::storage;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
@@ -186,7 +187,7 @@ impl Manager {
     }
 
     /// Make a new session. `owner` is the caller's token identity, if any.
-    pub fn create(
+    pub async fn create(
         &self,
         id: Option<String>,
         policy: Option<&str>,
@@ -207,8 +208,40 @@ impl Manager {
                 return Err(ApiError::new(Code::InvalidRequest, "ttl_s must be from 1 to 2592000 seconds"));
             }
         }
+        let info = self.reserve(&id, &policy, mode, ttl_s, owner)?;
+        let dir = self.session_dir(&id);
+        let made = async {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+            storage::create(&dir, policy.workspace_bytes(), info.uid).await
+        }
+        .await;
+        if let Err(e) = made {
+            let _ = storage::unmount(&dir).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            self.lock().remove(&id);
+            self.idle.notify_waiters();
+            return Err(ApiError::internal("creating the session workspace", e));
+        }
+        if let Some(live) = self.lock().get_mut(&id) {
+            live.busy = false;
+        }
+        self.persist(&info);
+        tracing::info!(session_id = %info.id, policy = %info.policy, "session created");
+        Ok(info)
+    }
+
+    /// Check the limits and reserve `id` with its host uid, under the lock.
+    fn reserve(
+        &self,
+        id: &str,
+        policy: &Policy,
+        mode: Mode,
+        ttl_s: Option<u64>,
+        owner: Option<&str>,
+    ) -> Result<SessionInfo, ApiError> {
         let mut map = self.lock();
-        if map.contains_key(&id) {
+        if map.contains_key(id) {
             return Err(ApiError::new(
                 Code::SessionExists,
                 format!("session {id:?} already exists: use it, close it first, or pick another id"),
@@ -227,7 +260,7 @@ impl Manager {
             .unwrap_or(self.uid_base);
         let now = SystemTime::now();
         let info = SessionInfo {
-            id: id.clone(),
+            id: id.to_string(),
             mode,
             policy: policy.name.clone(),
             created_at: rfc3339(now),
@@ -237,19 +270,8 @@ impl Manager {
             uid,
             busy: false,
         };
-        let workspace = self.workspace(&id);
-        let made = std::fs::create_dir_all(&workspace)
-            .and_then(|_| std::fs::set_permissions(self.session_dir(&id), std::fs::Permissions::from_mode(0o711)))
-            .and_then(|_| std::fs::set_permissions(&workspace, std::fs::Permissions::from_mode(0o700)))
-            .and_then(|_| std::os::unix::fs::chown(&workspace, Some(uid), Some(uid)));
-        if let Err(e) = made {
-            let _ = std::fs::remove_dir_all(self.session_dir(&id));
-            return Err(ApiError::internal("creating the session workspace", e));
-        }
-        map.insert(id, Live { info: info.clone(), last_used: now, busy: false, cancel: None });
-        drop(map);
-        self.persist(&info);
-        tracing::info!(session_id = %info.id, policy = %info.policy, "session created");
+        // Reserve the id (busy, so nothing runs in it) while the workspace is made.
+        map.insert(id.to_string(), Live { info: info.clone(), last_used: now, busy: true, cancel: None });
         Ok(info)
     }
 
@@ -329,6 +351,9 @@ impl Manager {
             let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
         }
         let dir = self.session_dir(id);
+        if let Err(e) = storage::unmount(&dir).await {
+            tracing::warn!(session_id = %id, error = %e, "could not unmount the session's workspace");
+        }
         let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
         if let Ok(Err(e)) = removed {
             tracing::warn!(session_id = %id, error = %e, "could not remove the session's files");
@@ -367,33 +392,60 @@ impl Manager {
         self.lock().values().filter(|l| l.busy).count()
     }
 
-    /// Take back the sessions an earlier instance left, removing expired ones.
-    pub fn recover(&self) -> usize {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return 0;
-        };
+    /// Take back the sessions an earlier instance left (mounting their workspaces),
+    /// and remove expired ones and any mount that belongs to no session.
+    pub async fn recover(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
         let now = SystemTime::now();
         let mut taken = 0;
         for entry in entries.flatten() {
             let path = entry.path();
             let info: Option<SessionInfo> =
                 std::fs::read(path.join("session.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-            let Some(info) =
-                info.filter(|i| validate_id(&i.id).is_ok() && path.file_name() == Some(std::ffi::OsStr::new(&i.id)))
-            else {
-                tracing::warn!(path = %path.display(), "removing a session directory without a valid session.json");
-                let _ = std::fs::remove_dir_all(&path);
-                continue;
+            let info =
+                info.filter(|i| validate_id(&i.id).is_ok() && path.file_name() == Some(std::ffi::OsStr::new(&i.id)));
+            let keep = info.filter(|i| {
+                let last_used = humantime::parse_rfc3339(&i.last_used_at).unwrap_or(UNIX_EPOCH);
+                now.duration_since(last_used).unwrap_or_default() <= Duration::from_secs(i.ttl_s)
+                    && self.policies.contains_key(&i.policy)
+            });
+            let mounted = match &keep {
+                Some(_) => storage::mount(&path).await,
+                None => Err(std::io::Error::other("expired or invalid")),
             };
-            let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
-            let expired = now.duration_since(last_used).unwrap_or_default() > Duration::from_secs(info.ttl_s);
-            if expired || !self.policies.contains_key(&info.policy) {
-                let _ = std::fs::remove_dir_all(&path);
-                continue;
+            match (keep, mounted) {
+                (Some(info), Ok(())) => {
+                    let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
+                    self.lock().insert(info.id.clone(), Live { info, last_used, busy: false, cancel: None });
+                    taken += 1;
+                }
+                (_, result) => {
+                    if let Err(e) = result {
+                        tracing::info!(path = %path.display(), reason = %e, "removing a session left by an earlier run");
+                    }
+                    let _ = storage::unmount(&path).await;
+                    let _ = std::fs::remove_dir_all(&path);
+                }
             }
-            self.lock().insert(info.id.clone(), Live { info, last_used, busy: false, cancel: None });
-            taken += 1;
+        }
+        for stray in storage::mounted_below(&self.dir) {
+            if let Some(session) = stray.parent() {
+                let known = session.file_name().and_then(|n| n.to_str()).is_some_and(|id| self.lock().contains_key(id));
+                if !known {
+                    let _ = storage::unmount(session).await;
+                }
+            }
         }
         taken
+    }
+
+    /// Unmount every workspace (daemon shutdown); their files stay in the images.
+    pub async fn unmount_all(&self) {
+        let ids: Vec<String> = self.lock().keys().cloned().collect();
+        for id in ids {
+            if let Err(e) = storage::unmount(&self.session_dir(&id)).await {
+                tracing::warn!(session_id = %id, error = %e, "could not unmount a workspace");
+            }
+        }
     }
 }

@@ -38,7 +38,7 @@ pub async fn create_run(
         None => {
             run::validate(&req, &*state.sessions.policy(req.policy.as_deref())?)?;
             let info =
-                state.sessions.create(None, req.policy.as_deref(), Mode::Script, None, caller.owner.as_deref())?;
+                state.sessions.create(None, req.policy.as_deref(), Mode::Script, None, caller.owner.as_deref()).await?;
             state.sessions.lease(&info.id, caller.owner.as_deref())?
         }
     };

@@ -39,13 +39,10 @@ pub async fn create(
     } else {
         read_json(axum::body::Body::from(bytes), 64 * 1024, Code::InvalidRequest).await?
     };
-    let info = state.sessions.create(
-        req.id,
-        req.policy.as_deref(),
-        req.mode.unwrap_or_default(),
-        req.ttl_s,
-        caller.owner.as_deref(),
-    )?;
+    let info = state
+        .sessions
+        .create(req.id, req.policy.as_deref(), req.mode.unwrap_or_default(), req.ttl_s, caller.owner.as_deref())
+        .await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 

@@ -1,0 +1,87 @@
+//! Session workspaces with a quota the kernel enforces: each workspace is a sparse
+//! ext4 image (`workspace.img`, the policy's `workspace_mb`) loop-mounted on the
+//! session's `data` directory. A full workspace gives ENOSPC inside the sandbox and
+//! `upload_too_large` on upload; the host disk holds at most the image's size.
+//!
+//! Images are made with mkfs.ext4 and mounted with mount(8) (e2fsprogs and
+//! util-linux): session creation is not a hot path, and they do this job well.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use tokio::process::Command;
+
+pub const IMAGE: &str = "workspace.img";
+pub const DATA: &str = "data";
+
+async fn run(cmd: &mut Command, what: &str) -> io::Result<()> {
+    let out = cmd.output().await.map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim())))
+    }
+}
+
+/// Is `path` a mount point (listed in our mount table)?
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let wanted = path.to_string_lossy();
+    table.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| m.replace("\\040", " ") == wanted))
+}
+
+/// Make the image, its filesystem (root owned by `uid`), and mount it.
+pub async fn create(session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
+    let image = session_dir.join(IMAGE);
+    let file = std::fs::File::create_new(&image)?;
+    file.set_len(size_bytes)?;
+    drop(file);
+    run(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0", "-E"])
+            .arg(format!("root_owner={uid}:{uid}"))
+            .arg(&image),
+        "mkfs.ext4",
+    )
+    .await?;
+    mount(session_dir).await?;
+    // An empty workspace is empty: fsck's lost+found would show up in every listing.
+    let _ = std::fs::remove_dir(session_dir.join(DATA).join("lost+found"));
+    Ok(())
+}
+
+/// Mount the session's image on its `data` directory, unless it already is.
+pub async fn mount(session_dir: &Path) -> io::Result<()> {
+    let data = session_dir.join(DATA);
+    std::fs::create_dir_all(&data)?;
+    if is_mounted(&data) {
+        return Ok(());
+    }
+    run(
+        Command::new("mount")
+            .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime"])
+            .arg(session_dir.join(IMAGE))
+            .arg(&data),
+        "mount",
+    )
+    .await
+}
+
+/// Unmount the session's workspace (lazily, should anything still hold it).
+pub async fn unmount(session_dir: &Path) -> io::Result<()> {
+    let data = session_dir.join(DATA);
+    if !is_mounted(&data) {
+        return Ok(());
+    }
+    nix::mount::umount2(&data, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
+}
+
+/// Every workspace mount below `sessions_dir` (what an earlier instance may have left).
+pub fn mounted_below(sessions_dir: &Path) -> Vec<PathBuf> {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return vec![] };
+    table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .filter(|p| p.starts_with(sessions_dir) && p.file_name() == Some(std::ffi::OsStr::new(DATA)))
+        .collect()
+}
