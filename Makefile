@@ -31,7 +31,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 
-## Side-by-side timings (see bench/README.md).
+## Side-by-side timings (see bench/bench.py).
 bench: build rootfs
 	SANDBOXD_ROOTFS_TARBALL=$(ROOTFS) $(PYTHON) bench/bench.py
 

@@ -106,27 +106,11 @@ async fn serve(config: Config) -> Result<(), Error> {
 
     let unix = bind_unix(&config)?;
     tracing::info!(path = %config.socket.display(), "listening on the Unix socket");
-    let app = api::router(state.clone(), Listener::Unix);
-    let mut rx = stop_rx.clone();
-    servers.spawn(async move {
-        axum::serve(unix, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    serve_until_stopped(&mut servers, unix, api::router(state.clone(), Listener::Unix), stop_rx.clone());
     if let Some(addr) = config.http {
         let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
         tracing::info!(%addr, "listening on HTTP");
-        let app = api::router(state.clone(), Listener::Http);
-        let mut rx = stop_rx.clone();
-        servers.spawn(async move {
-            axum::serve(tcp, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        serve_until_stopped(&mut servers, tcp, api::router(state.clone(), Listener::Http), stop_rx.clone());
     }
 
     let reaper_state = state.clone();
@@ -162,6 +146,25 @@ async fn serve(config: Config) -> Result<(), Error> {
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Serve `app` on `listener` until `stop` turns true, then finish in-flight requests.
+fn serve_until_stopped<L>(
+    servers: &mut tokio::task::JoinSet<std::io::Result<()>>,
+    listener: L,
+    app: axum::Router,
+    mut stop: watch::Receiver<bool>,
+) where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    servers.spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
 }
 
 /// Sandboxes bind their rootfs and workspace from below the state directory as an

@@ -139,6 +139,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// Put `value` into the JSON object under `key`, when there is one.
+fn set<T: Into<serde_json::Value>>(body: &mut serde_json::Value, key: &str, value: Option<T>) {
+    if let Some(v) = value {
+        body[key] = v.into();
+    }
+}
+
 fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -160,18 +167,10 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
             let code = String::from_utf8(read_input(file.as_ref())?)
                 .map_err(|_| ClientError::Local("the code is not UTF-8 text".into()))?;
             let mut body = serde_json::json!({"code": code, "language": if shell { "shell" } else { "python" }});
-            if let Some(s) = session {
-                body["session_id"] = s.into();
-            }
-            if let Some(t) = timeout {
-                body["timeout_s"] = t.into();
-            }
-            if let Some(p) = policy {
-                body["policy"] = p.into();
-            }
-            if no_figures {
-                body["autosave_figures"] = false.into();
-            }
+            set(&mut body, "session_id", session);
+            set(&mut body, "timeout_s", timeout);
+            set(&mut body, "policy", policy);
+            set(&mut body, "autosave_figures", no_figures.then_some(false));
             let result = client.json("POST", "/v1/runs", Some(body)).await?;
             if let Some(dir) = &save {
                 save_artifacts(client, &result, dir).await?;
@@ -223,18 +222,10 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                 }
                 SessionsCommand::New { id, policy, mode, ttl } => {
                     let mut body = serde_json::json!({});
-                    if let Some(v) = id {
-                        body["id"] = v.into();
-                    }
-                    if let Some(v) = policy {
-                        body["policy"] = v.into();
-                    }
-                    if let Some(v) = mode {
-                        body["mode"] = v.into();
-                    }
-                    if let Some(v) = ttl {
-                        body["ttl_s"] = v.into();
-                    }
+                    set(&mut body, "id", id);
+                    set(&mut body, "policy", policy);
+                    set(&mut body, "mode", mode);
+                    set(&mut body, "ttl_s", ttl);
                     let s = client.json("POST", "/v1/sessions", Some(body)).await?;
                     println!("{}", s["id"].as_str().unwrap_or(""));
                 }
