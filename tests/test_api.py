@@ -126,14 +126,17 @@ def test_busy_session_and_close_kills_the_run(daemon):
     box = {}
 
     def long_run():
-        box["result"] = daemon.run("import time\nprint('start', flush=True)\ntime.sleep(30)", session_id=sid)
+        box["result"] = daemon.run(
+            "import time\nprint('start', flush=True)\nopen('started', 'w').close()\ntime.sleep(30)", session_id=sid
+        )
 
     t = threading.Thread(target=long_run)
     t.start()
     with daemon.http() as c:
+        started_marker = daemon.state / "sessions" / sid / "data" / "started"
         deadline = time.time() + 10
-        while not c.get(f"/v1/sessions/{sid}").json()["busy"] and time.time() < deadline:
-            time.sleep(0.05)
+        while not started_marker.exists() and time.time() < deadline:
+            time.sleep(0.02)
         assert c.get(f"/v1/sessions/{sid}").json()["busy"]
         started = time.time()
         r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print(1)"})

@@ -99,6 +99,8 @@ async fn serve(config: Config) -> Result<(), Error> {
         rootfs_sha256: rootfs.sha256.clone(),
         landlock_abi: abi,
         draining: AtomicBool::new(false),
+        socket: config.socket.clone(),
+        shutdown: tokio_util::sync::CancellationToken::new(),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -106,11 +108,16 @@ async fn serve(config: Config) -> Result<(), Error> {
 
     let unix = bind_unix(&config)?;
     tracing::info!(path = %config.socket.display(), "listening on the Unix socket");
-    serve_until_stopped(&mut servers, unix, api::router(state.clone(), Listener::Unix), stop_rx.clone());
+    serve_until_stopped(&mut servers, unix, api::router(state.clone(), Listener::Unix, true), stop_rx.clone());
     if let Some(addr) = config.http {
         let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
         tracing::info!(%addr, "listening on HTTP");
-        serve_until_stopped(&mut servers, tcp, api::router(state.clone(), Listener::Http), stop_rx.clone());
+        serve_until_stopped(
+            &mut servers,
+            tcp,
+            api::router(state.clone(), Listener::Http, addr.ip().is_loopback()),
+            stop_rx.clone(),
+        );
     }
 
     let reaper_state = state.clone();
@@ -126,6 +133,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     tracing::info!(grace_s = config.shutdown_grace_s, running = state.sessions.busy_count(), "shutting down");
     notify_systemd("STOPPING=1");
     state.draining.store(true, Ordering::SeqCst);
+    state.shutdown.cancel();
     let _ = stop_tx.send(true);
     let killer_state = state.clone();
     let grace = Duration::from_secs(config.shutdown_grace_s);

@@ -379,6 +379,16 @@ impl Manager {
         }
     }
 
+    /// Kill the run in flight in session `id`, if any. Returns whether one was.
+    pub fn cancel_run(&self, id: &str, owner: Option<&str>) -> Result<bool, ApiError> {
+        validate_id(id)?;
+        let map = self.lock();
+        match map.get(id) {
+            Some(l) if Self::visible(l, owner) => Ok(l.cancel.as_ref().map(|c| c.send(true).is_ok()).unwrap_or(false)),
+            _ => Err(Self::not_found(id)),
+        }
+    }
+
     /// Kill every running run (daemon shutdown).
     pub fn cancel_all(&self) {
         for live in self.lock().values() {

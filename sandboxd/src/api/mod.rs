@@ -40,6 +40,10 @@ pub struct AppState {
     pub landlock_abi: i32,
     /// Set at shutdown: new runs are refused with `unavailable`.
     pub draining: std::sync::atomic::AtomicBool,
+    /// The daemon's Unix socket: the MCP tools call the API through it.
+    pub socket: std::path::PathBuf,
+    /// Cancelled at shutdown: ends MCP event streams, which would hold it up.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub type Shared = Arc<AppState>;
@@ -55,13 +59,38 @@ pub fn token_hash(token: &str) -> String {
     crate::rootfs::hex(&Sha256::digest(token.as_bytes()))[..32].to_string()
 }
 
-/// The router for one listener.
-pub fn router(state: Shared, listener: Listener) -> Router {
-    let api = Router::new()
+/// MCP over streamable HTTP, with the daemon's API behind it.
+fn mcp_service(state: &Shared, loopback: bool) -> axum::routing::MethodRouter<Shared> {
+    use rmcp::transport::streamable_http_server::{session::local::LocalSessionManager, StreamableHttpService};
+    let target = crate::mcp::Target { socket: state.socket.clone(), url: None, token: None };
+    let mut config = rmcp::transport::StreamableHttpServerConfig::default();
+    config.cancellation_token = state.shutdown.child_token();
+    if !loopback {
+        // Bound beyond loopback (tokens are then required): any Host may reach us.
+        config = config.disable_allowed_hosts();
+    }
+    let service = StreamableHttpService::new(
+        move || Ok(crate::mcp::SandboxMcp::new(target.clone())),
+        LocalSessionManager::default().into(),
+        config,
+    );
+    axum::routing::any_service(service)
+}
+
+/// The router for one listener. MCP (`/mcp`) is served on HTTP only; stdio
+/// clients use `sandboxctl mcp`, which talks to the socket.
+pub fn router(state: Shared, listener: Listener, loopback: bool) -> Router {
+    let mut api = Router::new();
+    if listener == Listener::Http {
+        api = api.route("/mcp", mcp_service(&state, loopback));
+    }
+    let api = api
         .route("/v1/runs", post(runs::create_run))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
         .route("/v1/sessions/{id}", get(sessions::show).delete(sessions::close))
         .route("/v1/sessions/{id}/runs", post(runs::session_run))
+        .route("/v1/sessions/{id}/run", axum::routing::delete(sessions::cancel_run))
+        .route("/v1/policies", get(sessions::policies))
         .route("/v1/sessions/{id}/files", get(files::list))
         .route("/v1/sessions/{id}/files/{*path}", get(files::download).put(files::upload).delete(files::remove))
         .layer(axum::middleware::from_fn_with_state((state.clone(), listener), auth));

@@ -15,6 +15,8 @@ use utoipa::OpenApi;
         super::sessions::list,
         super::sessions::show,
         super::sessions::close,
+        super::sessions::cancel_run,
+        super::sessions::policies,
         super::files::list,
         super::files::download,
         super::files::upload,

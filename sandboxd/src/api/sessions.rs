@@ -71,3 +71,21 @@ pub async fn close(
     state.sessions.close(&id, caller.owner.as_deref()).await?;
     Ok(Json(serde_json::json!({"status": "closed"})))
 }
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}/run", params(("id" = String, Path)),
+    responses((status = 200, description = "{\"status\":\"cancelled\"} or {\"status\":\"idle\"}"), (status = "4XX", body = super::error::ErrorBody)))]
+/// Stop the run in flight in a session (it ends with status `killed`); the session stays.
+pub async fn cancel_run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let cancelled = state.sessions.cancel_run(&id, caller.owner.as_deref())?;
+    Ok(Json(serde_json::json!({"status": if cancelled { "cancelled" } else { "idle" }})))
+}
+
+#[utoipa::path(get, path = "/v1/policies", responses((status = 200, body = Vec<crate::policy::Policy>)))]
+/// The policies sessions can use, with their limits.
+pub async fn policies(State(state): State<Shared>) -> Json<Vec<crate::policy::Policy>> {
+    Json(state.sessions.policies().map(|p| (**p).clone()).collect())
+}

@@ -64,6 +64,9 @@ enum Command {
     },
     /// Check that the daemon is up.
     Health,
+    /// Serve sandboxd's MCP tools on stdin/stdout (for LM Studio, Claude Desktop, ...),
+    /// forwarding to the daemon. Only protocol messages go to stdout.
+    Mcp,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
 }
@@ -126,6 +129,17 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
+    if let Command::Mcp = cli.command {
+        let target =
+            sandboxd::mcp::Target { socket: cli.socket.clone(), url: cli.url.clone(), token: cli.token.clone() };
+        return match runtime.block_on(serve_mcp(target)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandboxctl mcp: {e}");
+                ExitCode::from(69)
+            }
+        };
+    }
     let client = Client::new(cli.socket.clone(), cli.url.clone(), cli.token.clone());
     match runtime.block_on(dispatch(&client, cli.command)) {
         Ok(code) => code,
@@ -278,8 +292,17 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
             print_json(&client.json("GET", "/v1/health", None).await?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
+        Command::Completions { .. } | Command::Mcp => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// The stdio MCP server, until the client closes stdin.
+async fn serve_mcp(target: sandboxd::mcp::Target) -> Result<(), String> {
+    use rmcp::ServiceExt;
+    let server =
+        sandboxd::mcp::SandboxMcp::new(target).serve(rmcp::transport::stdio()).await.map_err(|e| e.to_string())?;
+    server.waiting().await.map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 fn file_url(session: &str, path: &str) -> String {

@@ -305,6 +305,9 @@ async fn drive(
         tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = events.next_line().await {} });
     if drained.await.is_err() || final_event.is_none() {
         kill_all(init_pid, helper_pid);
+        if let Some(pid) = helper_pid {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+        }
     }
     let [out, err] = readers;
     let stdout = out.await.unwrap_or_default();
@@ -341,10 +344,11 @@ fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }
 
-/// SIGKILL the sandbox's init (the kernel then kills its whole pid namespace) and
-/// the helper. The slot process stays; [`Sandboxes::run`] sweeps the cgroup after.
+/// SIGKILL the sandbox's init: the kernel then kills its whole pid namespace, and the
+/// helper reaps the init, reports and exits. Only when the init is not known yet is
+/// the helper killed instead (the init, if any, dies with it).
 fn kill_all(init_pid: Option<i32>, helper_pid: Option<i32>) {
-    for pid in [init_pid, helper_pid].into_iter().flatten() {
+    if let Some(pid) = init_pid.or(helper_pid) {
         signal(pid, nix::sys::signal::Signal::SIGKILL);
     }
 }

@@ -55,6 +55,9 @@ fn slot_main() -> Result<(), Failure> {
             return Err(f);
         }
     }
+    // Anything a helper leaves (a killed helper's init) comes back to the slot, not
+    // to the host's pid 1.
+    nix::sys::prctl::set_child_subreaper(true).map_err(Failure::at("PR_SET_CHILD_SUBREAPER"))?;
     // Helpers are reaped by the kernel: the slot never waits for them.
     // SAFETY: setting SIG_IGN installs no handler code.
     unsafe { signal(Signal::SIGCHLD, SigHandler::SigIgn) }.map_err(Failure::at("SIGCHLD"))?;
