@@ -10,7 +10,6 @@ import subprocess
 import threading
 import time
 
-import httpx
 import pytest
 
 from conftest import new_session
