@@ -62,7 +62,7 @@ pub struct RunShell {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct CreateSession {
-    /// "script" (every run a fresh process) or "kernel" (variables persist between runs).
+    /// "script": every run is a fresh process; files in the workspace persist.
     pub mode: Option<String>,
     /// Policy name (limits): "default" or "strict".
     pub policy: Option<String>,

@@ -22,7 +22,7 @@ pub enum Mode {
     /// Every run is a fresh sandbox over the session's workspace.
     #[default]
     Script,
-    /// One interpreter stays alive across runs (issue 5; runs as script until then).
+    /// One interpreter stays alive across runs: planned; refused for now.
     Kernel,
 }
 
@@ -203,6 +203,13 @@ impl Manager {
             }
             None => new_id(),
         };
+        if mode == Mode::Kernel {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                "kernel sessions (state kept between runs) are not available in this version yet: use mode \"script\", \
+                 where files in /mnt/data persist between runs",
+            ));
+        }
         if let Some(ttl) = ttl_s {
             if ttl == 0 || ttl > 30 * 86400 {
                 return Err(ApiError::new(Code::InvalidRequest, "ttl_s must be from 1 to 2592000 seconds"));
