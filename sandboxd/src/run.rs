@@ -254,7 +254,14 @@ pub async fn execute(
         artifacts,
         artifacts_truncated,
     };
-    tracing::info!(run_id = %run_id, session_id = %lease.id, status = ?result.status, duration_ms = result.duration_ms, "run finished");
+    tracing::info!(
+        run_id = %run_id,
+        session_id = %lease.id,
+        status = ?result.status,
+        duration_ms = result.duration_ms,
+        memory_peak_bytes = outcome.memory_peak_bytes,
+        "run finished"
+    );
     Ok(result)
 }
 
