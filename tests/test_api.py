@@ -77,7 +77,6 @@ def test_request_errors(daemon):
             (c.post("/v1/sessions", json={"id": "x" * 65}), 400, "invalid_session_id"),
             (c.post("/v1/sessions", json={"policy": "nope"}), 400, "policy_not_found"),
             (c.post("/v1/sessions", json={"mode": "weird"}), 400, "invalid_request"),
-            (c.post("/v1/sessions", json={"mode": "kernel"}), 400, "invalid_request"),
             (c.get("/v1/sessions/missing"), 404, "session_not_found"),
             (c.delete("/v1/sessions/missing"), 404, "session_not_found"),
             (c.post("/v1/sessions/missing/runs", json={"code": "1"}), 404, "session_not_found"),

@@ -193,3 +193,15 @@ def test_stdio_writes_only_protocol_to_stdout(daemon):
         msg = json.loads(line)
         assert msg["jsonrpc"] == "2.0"
     assert json.loads(lines[0])["result"]["serverInfo"]["name"] == "sandboxd"
+
+
+def test_kernel_sessions_through_mcp(daemon):
+    async def go():
+        async with connect(daemon, "http") as s:
+            sid = session_id(await s.call_tool("create_session", {"mode": "kernel"}))
+            await s.call_tool("run_python", {"session_id": sid, "code": "x = 20"})
+            r = await s.call_tool("run_python", {"session_id": sid, "code": "x + 22"})
+            assert "--- result ---\n42" in text_of(r)
+            assert not (await s.call_tool("close_session", {"session_id": sid})).is_error
+    asyncio.run(go())
+    daemon.assert_clean()

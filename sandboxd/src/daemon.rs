@@ -87,10 +87,13 @@ async fn serve(config: Config) -> Result<(), Error> {
     }
     let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
     sandboxes.prewarm();
+    let sessions = Arc::new(sessions);
     let state = Arc::new(AppState {
-        sessions: Arc::new(sessions),
+        sessions: sessions.clone(),
         ctx: Context {
             sandboxes: sandboxes.clone(),
+            kernel_dir: sessions.kernel_dir.clone(),
+            sessions,
             rootfs: rootfs.path.clone(),
             public_url: config.public_url.clone(),
         },
@@ -149,6 +152,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     while state.sessions.busy_count() > 0 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    state.sessions.stop_kernels().await;
     sandboxes.shutdown().await;
     state.sessions.unmount_all().await;
     let _ = std::fs::remove_file(&config.socket);

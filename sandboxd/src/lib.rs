@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod isolate;
+pub mod kernel;
 pub mod mcp;
 pub mod policy;
 pub mod rootfs;

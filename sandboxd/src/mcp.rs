@@ -62,7 +62,7 @@ pub struct RunShell {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct CreateSession {
-    /// "script": every run is a fresh process; files in the workspace persist.
+    /// "script" (every run a fresh process; files persist) or "kernel" (one interpreter: variables persist between runs, and a final expression's value is returned).
     pub mode: Option<String>,
     /// Policy name (limits): "default" or "strict".
     pub policy: Option<String>,
@@ -261,6 +261,12 @@ pub fn describe_run(r: &Value) -> String {
                 s.push('\n');
             }
         }
+    }
+    if let Some(text) = r["result"]["text/plain"].as_str() {
+        s.push_str(&format!("--- result ---\n{text}\n"));
+    }
+    if r["kernel_restarted"] == true {
+        s.push_str("note: the kernel was restarted: variables from earlier runs are gone\n");
     }
     let arts = r["artifacts"].as_array().cloned().unwrap_or_default();
     if !arts.is_empty() {

@@ -5,6 +5,7 @@
 use crate::api::error::{ApiError, Code};
 use crate::artifacts::{self, Snapshot};
 use crate::isolate::{self, cgroup, output::Chunk, spec};
+use crate::kernel;
 use crate::policy::Policy;
 use crate::session::Lease;
 use serde::{Deserialize, Serialize};
@@ -84,13 +85,36 @@ pub struct RunResult {
     pub duration_ms: u64,
     pub artifacts: Vec<Artifact>,
     pub artifacts_truncated: bool,
+    /// Kernel sessions only: `result`, `exception`, `kernel_restarted`.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelFields>,
+}
+
+/// What kernel sessions add to a run result.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct KernelFields {
+    /// The final expression's value: `{"text/plain": ..., "text/html": ...}`, or null.
+    pub result: Option<serde_json::Value>,
+    /// `{name, value, traceback}` when the cell raised, else null.
+    pub exception: Option<serde_json::Value>,
+    /// The kernel was killed during this run (and its variables lost).
+    pub kernel_restarted: bool,
 }
 
 /// What every run needs from the daemon.
 pub struct Context {
     pub sandboxes: std::sync::Arc<isolate::Sandboxes>,
+    /// The session manager's kernels (kernel-mode sessions).
+    pub sessions: std::sync::Arc<crate::session::Manager>,
+    pub kernel_dir: PathBuf,
     pub rootfs: PathBuf,
     pub public_url: String,
+}
+
+impl Context {
+    fn kernels(&self) -> &tokio::sync::Mutex<std::collections::HashMap<String, kernel::Kernel>> {
+        &self.sessions.kernels
+    }
 }
 
 /// The environment of every sandboxed program: nothing from the host.
@@ -147,6 +171,9 @@ pub async fn execute(
     req: &RunRequest,
     chunks: Option<mpsc::Sender<Chunk>>,
 ) -> Result<RunResult, ApiError> {
+    if lease.mode == crate::session::Mode::Kernel && req.language == Language::Python {
+        return execute_cell(ctx, lease, req).await;
+    }
     let policy = &lease.policy;
     let timeout = validate(req, policy)?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
@@ -164,12 +191,7 @@ pub async fn execute(
         Language::Shell => (vec!["/bin/bash".to_string(), "-c".to_string(), req.code.clone()], None),
     };
     let workspace = lease.workspace.clone();
-    let snapshot = {
-        let ws = workspace.clone();
-        tokio::task::spawn_blocking(move || Snapshot::take(&ws))
-            .await
-            .map_err(|e| ApiError::internal("snapshotting the workspace", e))?
-    };
+    let snapshot = snapshot(lease).await?;
     let run = isolate::Run {
         id: run_id.clone(),
         spec: spec::SandboxSpec {
@@ -187,6 +209,7 @@ pub async fn execute(
                 open_files: policy.open_files,
             },
             hostname: "sandbox".into(),
+            control_dir: None,
         },
         limits: cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids },
         timeout,
@@ -195,39 +218,12 @@ pub async fn execute(
     };
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = %req.code, "run code");
-    let outcome = ctx.sandboxes.run(run, chunks, lease.cancel.clone()).await.map_err(|e| match e {
+    let outcome = ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await.map_err(|e| match e {
         isolate::Error::Setup { step, error } => ApiError::internal(&format!("building the sandbox ({step})"), error),
         other => ApiError::internal("running the sandbox", other),
     })?;
 
-    let (artifacts, artifacts_truncated) = {
-        let ws = workspace.clone();
-        let changed = tokio::task::spawn_blocking(move || snapshot.changed(&ws))
-            .await
-            .map_err(|e| ApiError::internal("finding artifacts", e))?;
-        let figure_prefix = format!("figure-{}-", &run_id[..8]);
-        let truncated = changed.len() > policy.max_artifacts;
-        let list = changed
-            .into_iter()
-            .take(policy.max_artifacts)
-            .map(|e| {
-                let name = e.path.to_string_lossy().into_owned();
-                let kind = if name.starts_with(&figure_prefix) && name.ends_with(".png") {
-                    ArtifactKind::Figure
-                } else {
-                    ArtifactKind::File
-                };
-                Artifact {
-                    mime_type: artifacts::mime_type(&e.path),
-                    url: format!("{}/v1/sessions/{}/files/{}", ctx.public_url, lease.id, artifacts::url_path(&e.path)),
-                    size_bytes: e.size,
-                    path: name,
-                    kind,
-                }
-            })
-            .collect();
-        (list, truncated)
-    };
+    let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
 
     let status = if outcome.timed_out {
         Status::Timeout
@@ -253,6 +249,7 @@ pub async fn execute(
         duration_ms: outcome.duration.as_millis() as u64,
         artifacts,
         artifacts_truncated,
+        kernel: None,
     };
     tracing::info!(
         run_id = %run_id,
@@ -263,6 +260,151 @@ pub async fn execute(
         "run finished"
     );
     Ok(result)
+}
+
+/// The files the run created or changed since `snapshot`, capped by the policy.
+async fn find_artifacts(
+    ctx: &Context,
+    lease: &Lease,
+    snapshot: Snapshot,
+    run_id: &str,
+) -> Result<(Vec<Artifact>, bool), ApiError> {
+    let ws = lease.workspace.clone();
+    let changed = tokio::task::spawn_blocking(move || snapshot.changed(&ws))
+        .await
+        .map_err(|e| ApiError::internal("finding artifacts", e))?;
+    let figure_prefix = format!("figure-{}-", &run_id[..8]);
+    let max = lease.policy.max_artifacts;
+    let truncated = changed.len() > max;
+    let list = changed
+        .into_iter()
+        .take(max)
+        .map(|e| {
+            let name = e.path.to_string_lossy().into_owned();
+            let kind = if name.starts_with(&figure_prefix) && name.ends_with(".png") {
+                ArtifactKind::Figure
+            } else {
+                ArtifactKind::File
+            };
+            Artifact {
+                mime_type: artifacts::mime_type(&e.path),
+                url: format!("{}/v1/sessions/{}/files/{}", ctx.public_url, lease.id, artifacts::url_path(&e.path)),
+                size_bytes: e.size,
+                path: name,
+                kind,
+            }
+        })
+        .collect();
+    Ok((list, truncated))
+}
+
+async fn snapshot(lease: &Lease) -> Result<Snapshot, ApiError> {
+    let ws = lease.workspace.clone();
+    tokio::task::spawn_blocking(move || Snapshot::take(&ws))
+        .await
+        .map_err(|e| ApiError::internal("snapshotting the workspace", e))
+}
+
+/// A Python run in a kernel session: a cell in the session's live interpreter.
+async fn execute_cell(ctx: &Context, lease: &Lease, req: &RunRequest) -> Result<RunResult, ApiError> {
+    let policy = &lease.policy;
+    let timeout = validate(req, policy)?;
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let started = std::time::Instant::now();
+    let existing = lease_kernel(ctx, lease).await?;
+    let snapshot = snapshot(lease).await?;
+    tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
+    tracing::debug!(run_id = %run_id, code = %req.code, "cell code");
+    let msg = serde_json::json!({
+        "code": req.code,
+        "run_id": run_id,
+        "autosave": req.autosave_figures.unwrap_or(policy.autosave_figures),
+        "output_limit": policy.output_bytes(),
+    });
+    let grace = Duration::from_secs(policy.grace_s.max(1));
+    let (kernel, end) = existing.exec(msg, timeout, grace, lease.cancel.clone()).await;
+    if let Some(k) = kernel {
+        ctx.kernels().lock().await.insert(lease.id.clone(), k);
+    }
+    let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
+    let mut result = RunResult {
+        run_id: run_id.clone(),
+        session_id: lease.id.clone(),
+        status: Status::Ok,
+        exit_code: None,
+        signal: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        duration_ms: started.elapsed().as_millis() as u64,
+        artifacts,
+        artifacts_truncated,
+        kernel: Some(KernelFields { result: None, exception: None, kernel_restarted: false }),
+    };
+    match end {
+        kernel::CellEnd::Done { reply, interrupted } => {
+            result.status = if interrupted {
+                Status::Timeout
+            } else if reply.exception.is_some() || reply.exit_code != 0 {
+                Status::Error
+            } else {
+                Status::Ok
+            };
+            result.exit_code = Some(reply.exit_code);
+            result.stdout = reply.stdout;
+            result.stderr = reply.stderr;
+            result.stdout_truncated = reply.stdout_truncated;
+            result.stderr_truncated = reply.stderr_truncated;
+            result.kernel =
+                Some(KernelFields { result: reply.result, exception: reply.exception, kernel_restarted: false });
+        }
+        kernel::CellEnd::Died { timed_out, cancelled, outcome } => {
+            let oom = outcome.as_ref().is_some_and(|o| o.oom_killed);
+            result.status = if timed_out {
+                Status::Timeout
+            } else if oom {
+                Status::Oom
+            } else {
+                Status::Killed
+            };
+            result.signal = Some(signal_name(libc::SIGKILL));
+            let why = if timed_out {
+                "the cell ignored the interrupt at its time limit and was killed"
+            } else if oom {
+                "the cell ran out of memory"
+            } else if cancelled {
+                "the run was stopped"
+            } else {
+                "the kernel died"
+            };
+            result.stderr = format!("sandboxd: {why}; the kernel was restarted and its variables are gone\n");
+            result.kernel = Some(KernelFields { result: None, exception: None, kernel_restarted: true });
+        }
+    }
+    tracing::info!(run_id = %run_id, session_id = %lease.id, status = ?result.status, duration_ms = result.duration_ms, "cell finished");
+    Ok(result)
+}
+
+/// The session's kernel, started now if it has none (or its last one died).
+async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, ApiError> {
+    let existing = ctx.kernels().lock().await.remove(&lease.id);
+    match existing {
+        Some(k) => Ok(k),
+        None => kernel::Kernel::start(
+            &ctx.sandboxes,
+            kernel::StartSpec {
+                session_id: &lease.id,
+                rootfs: &ctx.rootfs,
+                workspace: &lease.workspace,
+                uid: lease.uid,
+                policy: &lease.policy,
+                control_root: &ctx.kernel_dir,
+            },
+        )
+        .await
+        .map_err(|e| ApiError::internal("starting the session's kernel", e)),
+    }
 }
 
 pub fn signal_name(sig: i32) -> String {

@@ -22,7 +22,7 @@ pub enum Mode {
     /// Every run is a fresh sandbox over the session's workspace.
     #[default]
     Script,
-    /// One interpreter stays alive across runs: planned; refused for now.
+    /// One interpreter stays alive across runs: variables persist ([`crate::kernel`]).
     Kernel,
 }
 
@@ -61,6 +61,10 @@ pub struct Manager {
     uid_base: u32,
     sessions: Mutex<HashMap<String, Live>>,
     idle: Notify,
+    /// Live kernels of kernel-mode sessions, taken out while a cell runs.
+    pub kernels: tokio::sync::Mutex<HashMap<String, crate::kernel::Kernel>>,
+    /// Where kernels' control sockets live.
+    pub kernel_dir: PathBuf,
 }
 
 /// Marks a session busy for one run; dropping it frees the session.
@@ -70,6 +74,7 @@ pub struct Lease {
     pub uid: u32,
     pub policy: Arc<Policy>,
     pub workspace: PathBuf,
+    pub mode: Mode,
     pub cancel: watch::Receiver<bool>,
 }
 
@@ -129,6 +134,8 @@ impl Manager {
             uid_base,
             sessions: Mutex::new(HashMap::new()),
             idle: Notify::new(),
+            kernels: tokio::sync::Mutex::new(HashMap::new()),
+            kernel_dir: state_dir.join("kernels"),
         })
     }
 
@@ -203,13 +210,6 @@ impl Manager {
             }
             None => new_id(),
         };
-        if mode == Mode::Kernel {
-            return Err(ApiError::new(
-                Code::InvalidRequest,
-                "kernel sessions (state kept between runs) are not available in this version yet: use mode \"script\", \
-                 where files in /mnt/data persist between runs",
-            ));
-        }
         if let Some(ttl) = ttl_s {
             if ttl == 0 || ttl > 30 * 86400 {
                 return Err(ApiError::new(Code::InvalidRequest, "ttl_s must be from 1 to 2592000 seconds"));
@@ -330,6 +330,7 @@ impl Manager {
             uid: live.info.uid,
             policy,
             workspace: self.workspace(id),
+            mode: live.info.mode,
             cancel: rx,
         })
     }
@@ -356,6 +357,10 @@ impl Manager {
             }
             // Wait for the run to end (it was told to die), then try again.
             let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+        }
+        let kernel = self.kernels.lock().await.remove(id);
+        if let Some(k) = kernel {
+            k.stop().await;
         }
         let dir = self.session_dir(id);
         if let Err(e) = storage::unmount(&dir).await {
@@ -454,6 +459,14 @@ impl Manager {
             }
         }
         taken
+    }
+
+    /// End every kernel (daemon shutdown).
+    pub async fn stop_kernels(&self) {
+        let kernels: Vec<crate::kernel::Kernel> = self.kernels.lock().await.drain().map(|(_, k)| k).collect();
+        for k in kernels {
+            k.stop().await;
+        }
     }
 
     /// Unmount every workspace (daemon shutdown); their files stay in the images.

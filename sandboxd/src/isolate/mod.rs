@@ -175,11 +175,13 @@ impl Sandboxes {
 
     /// Run the program in a new sandbox. `chunks`, when given, receives the output
     /// as it is produced (within the caps). Setting `cancel` to true kills the run.
+    /// `started`, when given, receives the host pid of the sandbox's init (to signal it).
     pub async fn run(
         self: &Arc<Self>,
         run: Run,
         chunks: Option<mpsc::Sender<Chunk>>,
         mut cancel: watch::Receiver<bool>,
+        started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
     ) -> Result<Outcome, Error> {
         let started = Instant::now();
         let slot = self.take().await?;
@@ -187,7 +189,7 @@ impl Sandboxes {
         let oom_before = slot.cg.oom_kills();
         slot.cg.reset_peak();
         let result = match slot.cg.set_limits(&run.limits) {
-            Ok(()) => drive(&slot, &run, chunks, &mut cancel, started).await,
+            Ok(()) => drive(&slot, &run, chunks, &mut cancel, started, started_tx).await,
             Err(e) => Err(e.into()),
         };
         // Whatever happened, nothing of the run survives it.
@@ -224,6 +226,7 @@ async fn drive(
     chunks: Option<mpsc::Sender<Chunk>>,
     cancel: &mut watch::Receiver<bool>,
     started: Instant,
+    mut started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
 ) -> Result<Outcome, Error> {
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Control)?;
     ours.set_nonblocking(true).map_err(Error::Control)?;
@@ -262,6 +265,9 @@ async fn drive(
                     Ok(Event::Started { init_pid: pid }) => {
                         tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
                         init_pid = Some(pid);
+                        if let Some(tx) = started_tx.take() {
+                            let _ = tx.send(pid);
+                        }
                     }
                     Ok(Event::Warning { message }) => {
                         tracing::warn!(run_id = %run.id, "{message}");

@@ -69,6 +69,8 @@ pub struct Layout<'a> {
     pub workspace: &'a Path,
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
+    /// Bound read-only at `/run` when given.
+    pub control_dir: Option<&'a Path>,
 }
 
 /// The mount operations, in order.
@@ -99,6 +101,10 @@ pub fn plan(l: &Layout) -> Vec<MountOp> {
         ops.push(Symlink { target, link: dev.join(name) });
     }
     ops.push(RemountReadOnly { path: dev });
+    if let Some(dir) = l.control_dir {
+        ops.push(Bind { src: dir.into(), dst: root.join("run"), file: false });
+        ops.push(RemountReadOnly { path: root.join("run") });
+    }
     ops.push(Proc { dst: root.join("proc") });
     ops.push(PivotRoot { new_root: root.into() });
     ops
@@ -201,6 +207,7 @@ mod tests {
             workspace: Path::new("/w"),
             tmp_size_bytes: 1 << 20,
             shm_size_bytes: 2 << 20,
+            control_dir: None,
         })
     }
 
@@ -219,6 +226,21 @@ mod tests {
         assert!(bind.is_some() && ro > bind);
         assert!(ops.contains(&MountOp::Bind { src: "/w".into(), dst: "/r/mnt/data".into(), file: false }));
         assert!(ops.contains(&MountOp::RemountNoSuidNoDev { path: "/r/mnt/data".into() }));
+    }
+
+    #[test]
+    fn a_control_dir_is_bound_read_only_at_run() {
+        let ops = plan(&Layout {
+            rootfs: Path::new("/r"),
+            workspace: Path::new("/w"),
+            tmp_size_bytes: 1,
+            shm_size_bytes: 1,
+            control_dir: Some(Path::new("/c")),
+        });
+        let bind = ops.iter().position(|o| *o == MountOp::Bind { src: "/c".into(), dst: "/r/run".into(), file: false });
+        let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r/run".into() });
+        assert!(bind.is_some() && ro > bind);
+        assert!(!layout().iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/run"))));
     }
 
     #[test]

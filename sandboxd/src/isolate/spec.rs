@@ -33,6 +33,9 @@ pub struct SandboxSpec {
     pub shm_size_bytes: u64,
     pub rlimits: Rlimits,
     pub hostname: String,
+    /// A host directory bound read-only at `/run` inside (a kernel's control socket).
+    #[serde(default)]
+    pub control_dir: Option<PathBuf>,
 }
 
 /// The first message: get ready for a run.

@@ -1,0 +1,102 @@
+"""Kernel sessions: one interpreter per session, its state kept across runs."""
+
+import subprocess
+
+import pytest
+
+from conftest import new_session
+
+
+@pytest.fixture
+def kernel(daemon):
+    """A kernel-mode session, closed (its kernel with it) after the test."""
+    made = []
+
+    def make(**fields):
+        with daemon.http() as c:
+            sid = new_session(c, mode="kernel", **fields)
+        made.append(sid)
+        return sid
+
+    yield make
+    with daemon.http() as c:
+        for sid in made:
+            c.delete(f"/v1/sessions/{sid}")
+    daemon.assert_clean()
+
+
+def cell(daemon, sid, code, **kw):
+    return daemon.run(code, session_id=sid, **kw)
+
+
+def test_state_persists_and_final_expressions_are_returned(daemon, kernel):
+    sid = kernel()
+    with daemon.http() as c:
+        assert c.get(f"/v1/sessions/{sid}").json()["mode"] == "kernel"
+    first = cell(daemon, sid, "x = 21 * 2")
+    assert first["status"] == "ok" and first["result"] is None and first["exception"] is None
+    assert first["kernel_restarted"] is False
+    second = cell(daemon, sid, "print(x)\nx + 1")
+    assert second["stdout"] == "42\n" and second["result"] == {"text/plain": "43"}
+    df = cell(daemon, sid, "import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    assert "<table" in df["result"]["text/html"] and "a" in df["result"]["text/plain"]
+    # Output from C code and subprocesses is captured per cell too.
+    sub = cell(daemon, sid, "import os, sys\nos.system('echo from-shell')\nsys.stderr.write('err\\n')")
+    assert sub["stdout"] == "from-shell\n" and sub["stderr"] == "err\n"
+
+
+def test_exceptions_keep_cell_line_numbers(daemon, kernel):
+    sid = kernel()
+    r = cell(daemon, sid, "a = 1\nb = 0\na / b\n")
+    assert r["status"] == "error"
+    exc = r["exception"]
+    assert exc["name"] == "ZeroDivisionError" and exc["value"] == "division by zero"
+    assert 'line 3' in exc["traceback"] and "a / b" in exc["traceback"] and "kernel.py" not in exc["traceback"]
+    assert "ZeroDivisionError" in r["stderr"]
+    assert cell(daemon, sid, "print(a)")["stdout"] == "1\n"
+
+
+def test_timeout_interrupts_and_keeps_state(daemon, kernel):
+    sid = kernel()
+    r = cell(daemon, sid, "import time\ny = 5\ntime.sleep(60)", timeout_s=2)
+    assert r["status"] == "timeout" and r["kernel_restarted"] is False
+    assert r["exception"]["name"] == "KeyboardInterrupt"
+    assert cell(daemon, sid, "print(y)")["stdout"] == "5\n"
+
+
+def test_code_ignoring_the_interrupt_is_killed_and_the_kernel_restarted(daemon, kernel):
+    sid = kernel()
+    cell(daemon, sid, "kept = 1")
+    r = cell(daemon, sid, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass", timeout_s=2)
+    assert r["status"] == "timeout" and r["kernel_restarted"] is True
+    after = cell(daemon, sid, "print('kept' in globals())")
+    assert after["stdout"] == "False\n" and after["kernel_restarted"] is False
+
+
+def test_oom_restarts_the_kernel(daemon, kernel):
+    sid = kernel(policy="tiny")
+    r = cell(daemon, sid, "blocks = []\nwhile True:\n    blocks.append(b'x' * (16 << 20))")
+    assert r["status"] == "oom" and r["kernel_restarted"] is True
+    assert cell(daemon, sid, "print('alive')")["stdout"] == "alive\n"
+
+
+def test_figures_are_artifacts_of_their_cell(daemon, kernel):
+    sid = kernel()
+    r = cell(daemon, sid, "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])")
+    figs = [a for a in r["artifacts"] if a["kind"] == "figure"]
+    assert len(figs) == 1 and figs[0]["path"].startswith(f"figure-{r['run_id'][:8]}-")
+    again = cell(daemon, sid, "1 + 1")
+    assert again["artifacts"] == [] and again["result"] == {"text/plain": "2"}
+
+
+def test_shell_runs_beside_the_kernel_and_closing_ends_it(daemon, kernel):
+    sid = kernel()
+    with daemon.http() as c:
+        cell(daemon, sid, "open('from_kernel.txt', 'w').write('k')\nz = 3")
+        sh = daemon.run("cat from_kernel.txt", language="shell", session_id=sid)
+        assert sh["stdout"] == "k" and "kernel_restarted" not in sh
+        uid = daemon.session_uid(sid)
+        assert subprocess.run(["pgrep", "-u", str(uid)], capture_output=True).stdout != b"", "the kernel lives between runs"
+        assert c.delete(f"/v1/sessions/{sid}").json() == {"status": "closed"}
+    assert subprocess.run(["pgrep", "-u", str(uid)], capture_output=True).stdout == b""
+    daemon.assert_clean()
