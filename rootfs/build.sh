@@ -29,7 +29,8 @@ done
 python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || die "the host python3 must be 3.11 to install cp311 wheels (found $(python3 -V 2>&1))"
 
-recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock $(find support -type f | sort) | sha256sum | cut -c1-16)
+# Only what goes into the image counts: support/kernel.py is embedded in the daemon.
+recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sitecustomize.py | sha256sum | cut -c1-16)
 tarball="$out/rootfs-$recipe_hash.tar.zst"
 if [ -s "$tarball" ] && [ -s "$tarball.sha256" ]; then
   say "up to date: $tarball (recipe $recipe_hash)"

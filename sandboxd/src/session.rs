@@ -123,6 +123,8 @@ impl Manager {
     ) -> std::io::Result<Manager> {
         let dir = state_dir.join("sessions");
         std::fs::create_dir_all(&dir)?;
+        // No kernel outlives the daemon that started it: their control sockets go too.
+        let _ = std::fs::remove_dir_all(state_dir.join("kernels"));
         // The sandbox (an unprivileged host uid) must traverse to its workspace.
         std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o711))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
