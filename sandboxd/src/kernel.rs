@@ -8,7 +8,7 @@
 //! forwards it), which interrupts the cell and keeps the state; a cell that ignores
 //! it is killed after the grace period, and the kernel is started afresh next time.
 
-use crate::isolate::{self, cgroup, spec, Outcome, Sandboxes};
+use crate::isolate::{self, spec, Outcome, Sandboxes};
 use crate::policy::Policy;
 use serde::Deserialize;
 use serde_json::Value;
@@ -91,24 +91,18 @@ impl Kernel {
         let run = isolate::Run {
             id: format!("kernel-{}", s.session_id),
             spec: spec::SandboxSpec {
-                rootfs: s.rootfs.into(),
-                workspace: s.workspace.into(),
-                // The source arrives on stdin (`python -`): ps shows a short command line.
-                argv: vec!["/opt/py/bin/python".into(), "-".into(), "/run/kernel.sock".into()],
-                env: crate::run::environment(policy),
-                stdin: Some(SOURCE.into()),
-                host_uid: s.uid,
-                host_gid: s.uid,
-                tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
-                shm_size_bytes: policy.shm_mb * 1024 * 1024,
-                rlimits: spec::Rlimits {
-                    file_size_bytes: policy.file_size_mb * 1024 * 1024,
-                    open_files: policy.open_files,
-                },
-                hostname: "sandbox".into(),
                 control_dir: Some(dir.clone()),
+                // The source arrives on stdin (`python -`): ps shows a short command line.
+                ..crate::run::sandbox_spec(
+                    s.rootfs,
+                    s.workspace,
+                    s.uid,
+                    policy,
+                    vec!["/opt/py/bin/python".into(), "-".into(), "/run/kernel.sock".into()],
+                    Some(SOURCE.into()),
+                )
             },
-            limits: cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids },
+            limits: crate::run::cgroup_limits(policy),
             // The kernel lives as long as its session; cells have their own limit.
             timeout: Duration::from_secs(400 * 86400),
             grace: Duration::from_secs(policy.grace_s),

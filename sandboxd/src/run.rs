@@ -140,6 +140,36 @@ pub fn environment(policy: &Policy) -> Vec<(String, String)> {
     .collect()
 }
 
+/// The sandbox of a session under `policy`, running `argv`.
+pub fn sandbox_spec(
+    rootfs: &std::path::Path,
+    workspace: &std::path::Path,
+    uid: u32,
+    policy: &Policy,
+    argv: Vec<String>,
+    stdin: Option<String>,
+) -> spec::SandboxSpec {
+    spec::SandboxSpec {
+        rootfs: rootfs.into(),
+        workspace: workspace.into(),
+        argv,
+        env: environment(policy),
+        stdin,
+        host_uid: uid,
+        host_gid: uid,
+        tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
+        shm_size_bytes: policy.shm_mb * 1024 * 1024,
+        rlimits: spec::Rlimits { file_size_bytes: policy.file_size_mb * 1024 * 1024, open_files: policy.open_files },
+        hostname: "sandbox".into(),
+        control_dir: None,
+    }
+}
+
+/// The cgroup limits of `policy`.
+pub fn cgroup_limits(policy: &Policy) -> cgroup::Limits {
+    cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids }
+}
+
 /// Check what can be checked before a sandbox is made.
 pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, ApiError> {
     if req.code.len() > policy.code_bytes() {
@@ -194,24 +224,8 @@ pub async fn execute(
     let snapshot = snapshot(lease).await?;
     let run = isolate::Run {
         id: run_id.clone(),
-        spec: spec::SandboxSpec {
-            rootfs: ctx.rootfs.clone(),
-            workspace: workspace.clone(),
-            argv,
-            env: environment(policy),
-            stdin,
-            host_uid: lease.uid,
-            host_gid: lease.uid,
-            tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
-            shm_size_bytes: policy.shm_mb * 1024 * 1024,
-            rlimits: spec::Rlimits {
-                file_size_bytes: policy.file_size_mb * 1024 * 1024,
-                open_files: policy.open_files,
-            },
-            hostname: "sandbox".into(),
-            control_dir: None,
-        },
-        limits: cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids },
+        spec: sandbox_spec(&ctx.rootfs, &workspace, lease.uid, policy, argv, stdin),
+        limits: cgroup_limits(policy),
         timeout,
         grace: Duration::from_secs(policy.grace_s),
         output_limit: policy.output_bytes(),
