@@ -375,17 +375,7 @@ impl RunCgroup {
                 return;
             }
         }
-        for _ in 0..100 {
-            let procs = fs::read_to_string(self.pids.join("cgroup.procs")).unwrap_or_default();
-            let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
-            if pids.is_empty() {
-                return;
-            }
-            for pid in pids {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.kill_except(None);
     }
 
     /// Remove the run's directories; retries while the last processes finish exiting.
