@@ -8,6 +8,12 @@ ratio of its p50 to the baseline's: the rootfs's own Python with no isolation
 (`chroot ROOTFS /opt/py/bin/python`). sandboxd rows go through the real HTTP API,
 so they include HTTP, the fresh namespaces, cgroup, Landlock and seccomp, the
 workspace scan for artifacts and the result.
+
+Two daemons run side by side: one with the pool off (`--pool-size 0`: every run
+builds a cold sandbox) and one with the default pool. A pooled row waits, untimed,
+until the pool is full again before each run, so it measures a run that finds a
+ready sandbox. The throughput rows keep 8 clients busy against each daemon; the
+pooled daemon then serves what its pool holds and falls back to cold sandboxes.
 """
 
 import argparse
@@ -24,11 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from harness import Daemon, scratch_dir  # noqa: E402
 
 
-def timed(fn, runs, warmup=3):
+def timed(fn, runs, warmup=3, before=None):
+    """p50/p95 of `fn` in ms; `before` runs untimed ahead of each call."""
     for _ in range(warmup):
+        if before:
+            before()
         fn()
     samples = []
     for _ in range(runs):
+        if before:
+            before()
         t = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t) * 1000)
@@ -57,49 +68,81 @@ def check(cmd, expect=b"1\n"):
         raise SystemExit(f"{cmd[:3]}... failed: {out.returncode} {out.stdout!r} {out.stderr[-300:]!r}")
 
 
+def throughput(run, sessions, total=160):
+    """Runs per second with one concurrent client per session, `total` runs in all."""
+    import concurrent.futures
+    per = total // len(sessions)
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(sessions)) as ex:
+        list(ex.map(lambda s: [run(s) for _ in range(per)], sessions))
+    return per * len(sessions) / (time.perf_counter() - t)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = ap.parse_args()
 
+    cold_daemon = Daemon(scratch_dir("bench-cold-"), args=["--pool-size", "0"]).start()
     daemon = Daemon(scratch_dir("bench-")).start()
+    extra = {}
     try:
-        with daemon.http() as c:
+        with daemon.http() as c, cold_daemon.http() as cold_c:
             health = c.get("/v1/health").json()
             rootfs = daemon.state / "rootfs" / health["rootfs_sha256"]
             sid = c.post("/v1/sessions", json={}).json()["id"]
-
+            cold_sid = cold_c.post("/v1/sessions", json={}).json()["id"]
             kernel_sid = c.post("/v1/sessions", json={"mode": "kernel"}).json()["id"]
 
-            def api_run(code, language="python", session=None):
-                r = c.post("/v1/runs", json={"code": code, "session_id": session or sid, "language": language})
+            def api_run(code, language="python", session=None, client=c):
+                r = client.post("/v1/runs", json={"code": code, "session_id": session or sid, "language": language})
                 body = r.json()
                 if r.status_code != 200 or body["status"] != "ok":
                     raise SystemExit(f"run failed: {r.text[:500]}")
+
+            def cold_run(code, language="python"):
+                api_run(code, language, session=cold_sid, client=cold_c)
 
             bare = [shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), "/opt/py/bin/python", "-c"]
             bwrap = [shutil.which("bwrap") or "bwrap", "--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
                      "--unshare-all", "--die-with-parent", "--clearenv", "--setenv", "MPLBACKEND", "Agg",
                      "--setenv", "MPLCONFIGDIR", "/opt/sandboxd/mplconfig", "/opt/py/bin/python", "-c"]
+            pool_full = lambda: daemon.wait_pool_ready()  # noqa: E731
             rows = []
             for workload, code in WORKLOADS:
                 expect = EXPECT.get(workload)
-                rows.append((f"{workload}: python, no isolation (baseline)", lambda code=code, e=expect: check([*bare, code], e)))
+                rows.append((f"{workload}: python, no isolation (baseline)", lambda code=code, e=expect: check([*bare, code], e), None))
                 if shutil.which("bwrap"):
-                    rows.append((f"{workload}: bubblewrap", lambda code=code, e=expect: check([*bwrap, code], e)))
-                rows.append((f"{workload}: sandboxd via HTTP", lambda code=code: api_run(code)))
-                rows.append((f"{workload}: sandboxd kernel session", lambda code=code: api_run(code, session=kernel_sid)))
-            rows.append(("isolation only: shell `true` via sandboxd", lambda: api_run("true", "shell")))
+                    rows.append((f"{workload}: bubblewrap", lambda code=code, e=expect: check([*bwrap, code], e), None))
+                rows.append((f"{workload}: sandboxd cold", lambda code=code: cold_run(code), None))
+                rows.append((f"{workload}: sandboxd pooled", lambda code=code: api_run(code), pool_full))
+                rows.append((f"{workload}: sandboxd kernel session", lambda code=code: api_run(code, session=kernel_sid), None))
+            rows.append(("isolation only: shell `true` via sandboxd", lambda: cold_run("true", "shell"), None))
 
             # A kernel session keeps its imports: warm it once, as a user's first cell would.
             api_run("import numpy, pandas, matplotlib.pyplot", session=kernel_sid)
             results = []
-            for name, fn in rows:
-                results.append((name, timed(fn, args.runs if not name.startswith("plot") else max(5, args.runs // 4))))
+            for name, fn, before in rows:
+                runs = args.runs if not name.startswith("plot") else max(5, args.runs // 4)
+                results.append((name, timed(fn, runs, before=before)))
+
+            pool = daemon.wait_pool_ready()
+            extra["daemon_rss_mib"] = daemon.rss_kib() / 1024
+            extra["pooled_sandbox_mib"] = pool["memory_bytes"] / max(1, pool["ready"]) / 2**20
+            extra["pool_ready"] = pool["ready"]
+            cold_sessions = [cold_c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
+            sessions = [c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
+            extra["cold_rps"] = throughput(lambda s: api_run("print(1)", session=s, client=cold_c), cold_sessions)
+            before = daemon.pool()
+            extra["pooled_rps"] = throughput(lambda s: api_run("print(1)", session=s), sessions)
+            after = daemon.pool()
+            extra["pooled_hits"] = after["hits"] - before["hits"]
+            extra["pooled_misses"] = after["misses"] - before["misses"]
     finally:
-        daemon.stop()
-        shutil.rmtree(daemon.base, ignore_errors=True)
+        for d in (daemon, cold_daemon):
+            d.stop()
+            shutil.rmtree(d.base, ignore_errors=True)
 
     print(f"\nsandboxd bench: {args.runs} runs each (plots: fewer), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
     print(f"| {'workload: system':<46} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
@@ -111,8 +154,14 @@ def main():
             base[workload] = r["p50"]
         ratio = f"{r['p50'] / base[workload]:13.2f}" if workload in base else f"{'-':>13}"
         print(f"| {name:<46} | {r['p50']:7.1f} | {r['p95']:7.1f} | {ratio} |")
+    print(f"\nthroughput, print(1), 8 concurrent clients over HTTP, 160 runs:")
+    print(f"  sandboxd cold:   {extra['cold_rps']:6.1f} runs/s")
+    print(f"  sandboxd pooled: {extra['pooled_rps']:6.1f} runs/s "
+          f"({extra['pooled_hits']} from the pool, {extra['pooled_misses']} cold when it was empty)")
+    print(f"\nmemory: daemon {extra['daemon_rss_mib']:.0f} MiB RSS; each ready pooled sandbox "
+          f"{extra['pooled_sandbox_mib']:.0f} MiB (cgroup charge, {extra['pool_ready']} ready)")
     if args.json:
-        print(json.dumps({name: r for name, r in results}, indent=1))
+        print(json.dumps({"rows": {name: r for name, r in results}, **extra}, indent=1))
 
 
 if __name__ == "__main__":

@@ -180,6 +180,40 @@ class Daemon:
                 return int(line.split()[1])
         return 0
 
+    def max_sessions(self):
+        value = 500
+        for i, a in enumerate(self.args):
+            if a == "--max-sessions" and i + 1 < len(self.args):
+                value = int(self.args[i + 1])
+            elif a.startswith("--max-sessions="):
+                value = int(a.split("=", 1)[1])
+        return value
+
+    def is_pooled_python(self, pid, init=False):
+        """An interpreter of a ready pooled sandbox: the pool's uids (above the sessions'),
+        waiting in `runner.py --pooled`; with `init`, that sandbox's init."""
+        try:
+            uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+        first = self.uid_base + self.max_sessions()
+        want = ["sandboxd", "__sandbox"] if init else ["/opt/py/bin/python", "/opt/sandboxd/runner.py", "--pooled"]
+        return first <= uid < first + 256 and _cmdline(pid)[: len(want)] == want
+
+    def pool(self):
+        return self.uds().get("/v1/health").json()["pool"]
+
+    def wait_pool_ready(self, policy="default", count=None, timeout=120):
+        """Wait until the pool holds `count` ready sandboxes of `policy` (default: its size)."""
+        deadline = time.time() + timeout
+        while True:
+            pool = self.pool()
+            want = pool["size_per_policy"] if count is None else count
+            if pool["ready_by_policy"].get(policy, 0) >= want:
+                return pool
+            assert time.time() < deadline, f"the pool did not fill: {pool}\n{self.log_text()}"
+            time.sleep(0.1)
+
     def leftovers(self):
         """What a finished run must not leave on the host. While the daemon runs, its
         only cgroups are idle slots, each holding its one slot process; once it has
@@ -195,6 +229,8 @@ class Daemon:
             except (OSError, IndexError, ValueError):
                 continue
             if self.uid_base <= uid < self.uid_base + 1000:
+                if running and (self.is_pooled_python(p.name) or self.is_pooled_python(p.name, init=True)):
+                    continue
                 procs.append((p.name, uid, (p / "cmdline").read_bytes()[:80]))
         if procs:
             found["processes"] = procs
@@ -208,7 +244,12 @@ class Daemon:
                     continue
                 members = (d / "cgroup.procs").read_text().split()
                 slot = running and len(members) == 1 and _is_slot(members[0])
-                if not slot:
+                # A ready pooled sandbox: the slot and the sandbox's helper (root), its
+                # init and the waiting interpreter (the pool's uid).
+                pooled = (running and len(members) == 4 and sum(map(_is_slot, members)) == 2
+                          and sum(self.is_pooled_python(m, init=True) for m in members) == 1
+                          and sum(map(self.is_pooled_python, members)) == 1)
+                if not (slot or pooled):
                     groups.append((str(d), [(m, _cmdline(m)) for m in members]))
         if groups:
             found["cgroups"] = groups

@@ -65,16 +65,26 @@ print(json.dumps({k: status[k].strip() for k in
 
 
 def test_sandbox_uid_maps_to_an_unprivileged_host_uid(daemon):
+    """A cold sandbox runs as its session's own host uid; a pooled one (made before
+    the session was known) as a pool uid above every session's, with the workspace
+    idmapped to the session's uid (test_pool checks the files' owner)."""
     with daemon.http() as c:
         sid = new_session(c)
     host_uid = daemon.session_uid(sid)
     assert host_uid >= daemon.uid_base and host_uid not in (0, os.getuid())
+    cold = daemon.run("cat /proc/self/uid_map /proc/self/gid_map", language="shell", session_id=sid)
+    assert cold["stdout"].split() == ["1000", str(host_uid), "1"] * 2
+    hits = daemon.wait_pool_ready()["hits"]
     out, _ = probe(daemon, r'''
 import json
 print(json.dumps({"uid_map": open("/proc/self/uid_map").read().split(), "gid_map": open("/proc/self/gid_map").read().split()}))
 ''', session_id=sid)
-    assert out["uid_map"] == ["1000", str(host_uid), "1"]
-    assert out["gid_map"] == ["1000", str(host_uid), "1"]
+    pool_uid = int(out["uid_map"][1])
+    first = daemon.uid_base + daemon.max_sessions()
+    assert first <= pool_uid < first + 256
+    assert out["uid_map"] == ["1000", str(pool_uid), "1"]
+    assert out["gid_map"] == ["1000", str(pool_uid), "1"]
+    assert daemon.pool()["hits"] == hits + 1
 
 
 def test_fork_bomb_is_held_at_the_pids_limit(daemon):
@@ -482,9 +492,13 @@ print(json.dumps({"failure": failure, "limit": resource.getrlimit(resource.RLIMI
 
 
 def test_inherited_fds_are_only_stdio(daemon):
+    # What any program started in the sandbox inherits: a child that keeps every
+    # inheritable fd (close_fds=False) lists its own.
     out, _ = probe(daemon, r'''
-import json
-print(json.dumps(sorted(int(f) for f in os.listdir("/proc/self/fd"))))
+import json, subprocess, sys
+child = subprocess.run([sys.executable, "-c", "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"],
+                       close_fds=False, capture_output=True, text=True)
+print(json.dumps(json.loads(child.stdout)))
 ''')
     # 0-2, plus the fd listdir itself holds open while it reads.
     assert out[:3] == [0, 1, 2] and len(out) == 4

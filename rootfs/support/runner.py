@@ -2,7 +2,13 @@
 
 Started by sandboxd as `/opt/py/bin/python /opt/sandboxd/runner.py RUN_ID AUTOSAVE`.
 The code arrives on stdin; stdin is then pointed at /dev/null so the user's code
-sees an empty stdin. This prologue/epilogue prints nothing of its own, keeps the
+sees an empty stdin.
+
+In a pooled sandbox it is started ahead of its run as `runner.py --pooled MODULES`,
+with a socket to the daemon as stdin: it imports MODULES (comma-separated), says
+`{"ready": true, "failed": [...]}`, waits for `{"code", "run_id", "autosave"}` (the
+workspace is mounted by then), runs the code once, and reports `{"exit_code": N}`
+after closing its output. This prologue/epilogue prints nothing of its own, keeps the
 user's line numbers in tracebacks and the user's exit code, and, when AUTOSAVE is
 "1", saves every open, non-empty matplotlib figure exactly once: at plt.show(), at
 exit, or when sandboxd asks the run to stop (SIGTERM at the timeout).
@@ -102,17 +108,105 @@ class _PyplotHook:
 
 
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--pooled":
+        pooled(sys.argv[2])
+        return
     run_id = sys.argv[1] if len(sys.argv) > 1 else "run"
     autosave = len(sys.argv) > 2 and sys.argv[2] == "1"
     code = sys.stdin.buffer.read()
+    _stdin_from_devnull()
+    sys.exit(run(code.decode("utf-8", errors="replace"), run_id, autosave))  # runs atexit handlers, flushes
+
+
+def _stdin_from_devnull():
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    source = code.decode("utf-8", errors="replace")
 
+
+def pooled(preload):
+    import importlib
+    import json
+    import socket
+
+    sock = socket.socket(fileno=os.dup(0))
+    _stdin_from_devnull()
+    # Nothing the imports print may reach the run's output.
+    saved = os.dup(1), os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    failed = []
+    for name in filter(None, preload.split(",")):
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            failed.append(name)
+    try:
+        _warm_up()
+    except BaseException:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, copy in zip((1, 2), saved):
+        os.dup2(copy, fd)
+        os.close(copy)
+    sock.sendall(json.dumps({"ready": True, "failed": failed}).encode() + b"\n")
+    line = sock.makefile("rb").readline()
+    if not line:
+        os._exit(0)
+    msg = json.loads(line)
+    os.chdir(WORKSPACE)  # the workspace was mounted over the directory we started in
+    exit_code = run(msg["code"], msg["run_id"], bool(msg["autosave"]))
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os.close(1)
+        os.close(2)
+        sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
+        # The interpreter's teardown (modules, memory) is not waited for.
+        os._exit(exit_code)
+
+
+def _warm_up():
+    """Do once, on constant data, what a first plotting cell pays for on top of the
+    imports: loading the Agg renderer, the fonts and the PNG writer, and pandas'
+    plotting glue. It leaves no figure open (the user's first is still Figure 1)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    import io
+
+    pd = sys.modules.get("pandas")
+    try:
+        if pd is not None:
+            ax = pd.DataFrame({"x": [0, 1], "y": [0.0, 1.0]}).plot(x="x", y="y", title="t")
+        else:
+            ax = plt.figure().add_subplot()
+            ax.plot([0, 1], [0.0, 1.0])
+            ax.set_title("t")
+        ax.figure.savefig(io.BytesIO(), format="png")
+    finally:
+        plt.close("all")
+
+
+def run(source, run_id, autosave):
+    """Run the user's code as __main__; return its exit code."""
     figures = _Figures(run_id) if autosave else None
     if figures is not None:
-        sys.meta_path.insert(0, _PyplotHook(figures))
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:  # preloaded
+            figures.patch(pyplot)
+        else:
+            sys.meta_path.insert(0, _PyplotHook(figures))
 
         def on_term(signum, frame):
             figures.save_open(close=False)
@@ -146,7 +240,7 @@ def main():
         exit_code = 1
     if figures is not None:
         figures.save_open(close=False)
-    sys.exit(exit_code)  # runs the user's atexit handlers and flushes the streams
+    return exit_code
 
 
 def _exit_code(code):

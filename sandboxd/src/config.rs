@@ -73,6 +73,10 @@ pub struct Settings {
     /// Sandbox slots (a cgroup with a resident process) made at start-up, ahead of runs.
     #[arg(long, env = "SANDBOXD_READY_SANDBOXES")]
     pub ready_sandboxes: Option<usize>,
+    /// Pooled sandboxes kept ready per policy in use (Python started, the policy's
+    /// preload modules imported); 0 turns the pool off.
+    #[arg(long, env = "SANDBOXD_POOL_SIZE")]
+    pub pool_size: Option<usize>,
     /// Seconds that running runs get to finish at shutdown before they are killed.
     #[arg(long, env = "SANDBOXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
@@ -102,6 +106,7 @@ pub struct Config {
     pub uid_base: u32,
     pub instance: String,
     pub ready_sandboxes: usize,
+    pub pool_size: usize,
     pub shutdown_grace_s: u64,
     pub log_format: String,
     pub log: String,
@@ -148,6 +153,7 @@ impl Config {
             uid_base,
             instance,
             ready_sandboxes,
+            pool_size,
             shutdown_grace_s,
             log_format,
             log
@@ -215,6 +221,7 @@ impl Config {
             uid_base,
             instance,
             ready_sandboxes: s.ready_sandboxes.unwrap_or(2).min(64),
+            pool_size: s.pool_size.unwrap_or(2).min(64),
             shutdown_grace_s: s.shutdown_grace_s.unwrap_or(10),
             log_format,
             log: s.log.unwrap_or_else(|| "info".into()),

@@ -9,6 +9,7 @@
 use crate::api::{self, AppState, Listener};
 use crate::config::Config;
 use crate::isolate::{cgroup::Cgroups, landlock, Sandboxes};
+use crate::pool::Pool;
 use crate::run::Context;
 use crate::session::Manager;
 use crate::{policy, rootfs};
@@ -87,11 +88,19 @@ async fn serve(config: Config) -> Result<(), Error> {
     }
     let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
     sandboxes.prewarm();
+    let pool = Pool::new(
+        sandboxes.clone(),
+        rootfs.path.clone(),
+        sessions.policies().map(|p| (p.name.clone(), p.clone())).collect(),
+        config.pool_size,
+        config.uid_base.saturating_add(config.max_sessions as u32),
+    );
     let sessions = Arc::new(sessions);
     let state = Arc::new(AppState {
         sessions: sessions.clone(),
         ctx: Context {
             sandboxes: sandboxes.clone(),
+            pool: pool.clone(),
             kernel_dir: sessions.kernel_dir.clone(),
             sessions,
             rootfs: rootfs.path.clone(),
@@ -153,6 +162,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     state.sessions.stop_kernels().await;
+    pool.shutdown().await;
     sandboxes.shutdown().await;
     state.sessions.unmount_all().await;
     let _ = std::fs::remove_file(&config.socket);

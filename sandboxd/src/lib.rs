@@ -14,6 +14,7 @@ pub mod isolate;
 pub mod kernel;
 pub mod mcp;
 pub mod policy;
+pub mod pool;
 pub mod rootfs;
 pub mod run;
 pub mod session;

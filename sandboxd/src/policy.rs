@@ -52,6 +52,8 @@ pub struct Policy {
     pub network: Network,
     pub autosave_figures: bool,
     pub max_artifacts: usize,
+    /// Modules a pooled sandbox imports before its run arrives.
+    pub preload: Vec<String>,
 }
 
 impl Default for Policy {
@@ -76,11 +78,22 @@ impl Default for Policy {
             network: Network::None,
             autosave_figures: true,
             max_artifacts: 100,
+            preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
         }
     }
 }
 
 const MIB: u64 = 1024 * 1024;
+
+/// `a.b_c.d`: identifiers joined by dots.
+fn is_module_name(name: &str) -> bool {
+    name.len() <= 200
+        && name.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
 
 impl Policy {
     pub fn memory_bytes(&self) -> u64 {
@@ -134,6 +147,15 @@ impl Policy {
         int("file_size_mb", self.file_size_mb, 1, 1024 * 1024)?;
         int("open_files", self.open_files, 16, 1 << 20)?;
         int("max_artifacts", self.max_artifacts as u64, 1, 100_000)?;
+        if let Some(bad) = self.preload.iter().find(|m| !is_module_name(m)) {
+            return Err(Error::Invalid {
+                file: file.into(),
+                field: "preload",
+                value: bad.clone(),
+                allowed: "dotted Python module names, e.g. \"matplotlib.pyplot\"".into(),
+            });
+        }
+        int("preload (count)", self.preload.len() as u64, 0, 64)?;
         Ok(())
     }
 }
@@ -197,6 +219,15 @@ mod tests {
         assert!(err.contains("`cpus`"), "{err}");
         let err = p("network = \"host\"").unwrap_err().to_string();
         assert!(err.contains("none"), "{err}");
+    }
+
+    #[test]
+    fn preload_takes_only_module_names() {
+        assert_eq!(p("preload = [\"a.b_c\", \"_x1\"]").unwrap().preload, ["a.b_c", "_x1"]);
+        for bad in ["os; import x", "a..b", "1abc", "", "a.", "a b"] {
+            let err = p(&format!("preload = [{bad:?}]")).unwrap_err().to_string();
+            assert!(err.contains("`preload`") && err.contains("module names"), "{bad}: {err}");
+        }
     }
 
     #[test]

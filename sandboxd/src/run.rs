@@ -7,6 +7,7 @@ use crate::artifacts::{self, Snapshot};
 use crate::isolate::{self, cgroup, output::Chunk, spec};
 use crate::kernel;
 use crate::policy::Policy;
+use crate::pool;
 use crate::session::Lease;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -104,6 +105,8 @@ pub struct KernelFields {
 /// What every run needs from the daemon.
 pub struct Context {
     pub sandboxes: std::sync::Arc<isolate::Sandboxes>,
+    /// Sandboxes made ahead of one-shot Python runs.
+    pub pool: std::sync::Arc<crate::pool::Pool>,
     /// The session manager's kernels (kernel-mode sessions).
     pub sessions: std::sync::Arc<crate::session::Manager>,
     pub kernel_dir: PathBuf,
@@ -151,7 +154,7 @@ pub fn sandbox_spec(
 ) -> spec::SandboxSpec {
     spec::SandboxSpec {
         rootfs: rootfs.into(),
-        workspace: workspace.into(),
+        workspace: Some(workspace.into()),
         argv,
         env: environment(policy),
         stdin,
@@ -220,11 +223,10 @@ pub async fn execute(
         ),
         Language::Shell => (vec!["/bin/bash".to_string(), "-c".to_string(), req.code.clone()], None),
     };
-    let workspace = lease.workspace.clone();
     let snapshot = snapshot(lease).await?;
     let run = isolate::Run {
         id: run_id.clone(),
-        spec: sandbox_spec(&ctx.rootfs, &workspace, lease.uid, policy, argv, stdin),
+        spec: sandbox_spec(&ctx.rootfs, &lease.workspace, lease.uid, policy, argv, stdin),
         limits: cgroup_limits(policy),
         timeout,
         grace: Duration::from_secs(policy.grace_s),
@@ -232,7 +234,25 @@ pub async fn execute(
     };
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = %req.code, "run code");
-    let outcome = ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await.map_err(|e| match e {
+    let pooled = match req.language {
+        Language::Python => ctx.pool.take(&policy.name),
+        Language::Shell => None,
+    };
+    let job =
+        pool::Job { workspace: &lease.workspace, owner_uid: lease.uid, code: &req.code, run_id: &run_id, autosave };
+    let outcome = match pooled {
+        Some(mut pooled) => match pool::send(&mut pooled, &job).await {
+            Ok(()) => pooled.finish(&run.bounds(), chunks, lease.cancel.clone(), pool::done).await,
+            Err(e) => {
+                // Nothing ran yet: a cold sandbox takes the run instead.
+                tracing::warn!(run_id = %run_id, error = %e, "a pooled sandbox could not take the run; using a cold one");
+                tokio::spawn(pooled.destroy());
+                ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await
+            }
+        },
+        None => ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await,
+    };
+    let outcome = outcome.map_err(|e| match e {
         isolate::Error::Setup { step, error } => ApiError::internal(&format!("building the sandbox ({step})"), error),
         other => ApiError::internal("running the sandbox", other),
     })?;

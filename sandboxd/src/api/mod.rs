@@ -141,6 +141,8 @@ pub struct Health {
     pub landlock_abi: i32,
     pub sessions: usize,
     pub busy_sessions: usize,
+    /// Pooled sandboxes for one-shot Python runs.
+    pub pool: crate::pool::Stats,
 }
 
 #[utoipa::path(get, path = "/v1/health", responses((status = 200, body = Health)))]
@@ -153,6 +155,7 @@ pub async fn health(State(state): State<Shared>) -> Json<Health> {
         landlock_abi: state.landlock_abi,
         sessions: state.sessions.count(),
         busy_sessions: state.sessions.busy_count(),
+        pool: state.ctx.pool.stats(),
     })
 }
 

@@ -278,8 +278,9 @@ fn write_if_present(path: &Path, value: &str) -> Result<(), Error> {
 }
 
 impl RunCgroup {
-    /// Set (or change) the run's limits.
+    /// Set (or change) the run's limits, with the default CPU weight.
     pub fn set_limits(&self, limits: &Limits) -> Result<(), Error> {
+        self.set_idle(false)?;
         let quota = ((limits.cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
         match self.version {
             Version::V2 => {
@@ -311,6 +312,24 @@ impl RunCgroup {
                 write(&self.pids.join("pids.max"), &limits.pids.to_string())
             }
         }
+    }
+
+    /// Give the cgroup the least CPU weight (`idle`), so a pooled sandbox warming up
+    /// only uses CPU that runs leave free, or the default weight back.
+    pub fn set_idle(&self, idle: bool) -> Result<(), Error> {
+        match self.version {
+            Version::V2 => write(&self.memory.join("cpu.weight"), if idle { "1" } else { "100" }),
+            Version::V1 => write(&self.cpu.join("cpu.shares"), if idle { "2" } else { "1024" }),
+        }
+    }
+
+    /// Memory charged to the cgroup now, bytes.
+    pub fn memory_current(&self) -> Option<u64> {
+        let file = match self.version {
+            Version::V2 => "memory.current",
+            Version::V1 => "memory.usage_in_bytes",
+        };
+        fs::read_to_string(self.memory.join(file)).ok()?.trim().parse().ok()
     }
 
     /// The `cgroup.procs` files a process writes its pid to, to join this run.

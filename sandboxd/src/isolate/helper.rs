@@ -8,8 +8,9 @@
 //! exits.
 
 use super::init;
+use super::mounts;
 use super::namespaces::{self, Forked};
-use super::spec::{Event, SandboxSpec};
+use super::spec::{Attach, Event, SandboxSpec};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
@@ -44,13 +45,14 @@ impl Control {
 }
 
 /// Serve one run on `socket`: the body of a process the slot just forked, whose
-/// stdout/stderr are the run's output pipes. Never returns.
-pub fn serve(socket: UnixStream) -> ! {
+/// stdout/stderr are the run's output pipes, and `stdin`, when given, the program's
+/// socket to the daemon (a pooled sandbox). Never returns.
+pub fn serve(socket: UnixStream, stdin: Option<OwnedFd>) -> ! {
     let mut control = match socket.try_clone() {
         Ok(s) => Control(s),
         Err(_) => std::process::exit(2),
     };
-    let code = match run(socket, &mut control) {
+    let code = match run(socket, stdin, &mut control) {
         Ok(()) => 0,
         Err(f) => {
             control.send(&Event::SetupFailed { step: f.step.into(), error: f.error });
@@ -60,11 +62,12 @@ pub fn serve(socket: UnixStream) -> ! {
     std::process::exit(code)
 }
 
-fn run(socket: UnixStream, control: &mut Control) -> Result<(), Failure> {
+fn run(socket: UnixStream, stdin: Option<OwnedFd>, control: &mut Control) -> Result<(), Failure> {
     // The slot dies with the daemon; the helper dies with the slot.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
     let mut line = String::new();
-    BufReader::new(socket).read_line(&mut line).map_err(Failure::at("read spec"))?;
+    let mut requests = BufReader::new(socket);
+    requests.read_line(&mut line).map_err(Failure::at("read spec"))?;
     if line.is_empty() {
         return Err(Failure { step: "read spec", error: "the daemon closed the control socket".into() });
     }
@@ -79,12 +82,13 @@ fn run(socket: UnixStream, control: &mut Control) -> Result<(), Failure> {
         Forked::Child => {
             drop(go_w);
             drop(report_r);
-            init::run(&spec, go_r, report_w)
+            init::run(&spec, go_r, report_w, stdin)
         }
         Forked::Parent(child) => {
+            drop(stdin);
             drop(go_r);
             drop(report_w);
-            supervise(&spec, child, go_w, report_r, control)
+            supervise(&spec, child, go_w, report_r, requests, control)
         }
     }
 }
@@ -94,18 +98,35 @@ fn supervise(
     child: Pid,
     go: OwnedFd,
     report: OwnedFd,
+    requests: BufReader<UnixStream>,
     control: &mut Control,
 ) -> Result<(), Failure> {
-    if let Err(e) = namespaces::write_id_maps(child, spec.host_uid, spec.host_gid) {
+    let ends = |f: Failure| {
         let _ = kill(child, Signal::SIGKILL);
         let _ = waitpid(child, None);
-        return Err(Failure::at("write id maps")(e));
-    }
+        f
+    };
+    namespaces::write_id_maps(child, spec.host_uid, spec.host_gid)
+        .map_err(Failure::at("write id maps"))
+        .map_err(ends)?;
+    // A pooled sandbox's mount namespace, for the workspace attached later.
+    let sandbox_ns = match spec.workspace {
+        Some(_) => None,
+        None => Some(
+            File::open(format!("/proc/{child}/ns/mnt"))
+                .map_err(Failure::at("open the sandbox's mount namespace"))
+                .map_err(ends)?,
+        ),
+    };
     // The write end stays open for as long as the helper lives: the init watches
     // it, and ends the sandbox when it sees end-of-file.
     let mut go = File::from(go);
-    go.write_all(b"g").map_err(Failure::at("release init"))?;
+    go.write_all(b"g").map_err(Failure::at("release init")).map_err(ends)?;
     control.send(&Event::Started { init_pid: child.as_raw() });
+    if let Some(ns) = sandbox_ns {
+        attach(spec, &ns, requests).map_err(ends)?;
+        control.send(&Event::Attached);
+    }
 
     // Our copies of the output pipes must not keep them open: only the sandbox's.
     let devnull = File::options().write(true).open("/dev/null").map_err(Failure::at("open /dev/null"))?;
@@ -125,6 +146,14 @@ fn supervise(
             None => {}
         }
     }
+    // The program's status is known once the init has reported it: send it now. The
+    // init's exit (the sandbox's namespaces being torn down) is not waited for.
+    if let Some(e) = last {
+        control.send(&e);
+        let _ = waitpid(child, None);
+        drop(go);
+        return Ok(());
+    }
     let status = waitpid(child, None).map_err(Failure::at("wait for init"))?;
     let event = match (last, status) {
         (Some(e), _) => e,
@@ -136,4 +165,23 @@ fn supervise(
     control.send(&event);
     drop(go);
     Ok(())
+}
+
+/// Wait for the daemon's [`Attach`] and mount that workspace in the sandbox. The
+/// daemon sends it only once the program said it is ready, so the init has long
+/// finished building the sandbox's filesystem.
+fn attach(spec: &SandboxSpec, sandbox_ns: &File, mut requests: BufReader<UnixStream>) -> Result<(), Failure> {
+    use std::os::fd::AsFd;
+    let mut line = String::new();
+    requests.read_line(&mut line).map_err(Failure::at("read attach"))?;
+    if line.is_empty() {
+        return Err(Failure { step: "read attach", error: "the daemon closed the control socket".into() });
+    }
+    let req: Attach = serde_json::from_str(&line).map_err(Failure::at("parse attach"))?;
+    let host_ns = File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
+    // SAFETY: the helper is single-threaded.
+    let userns = unsafe { namespaces::idmap_userns((req.owner_uid, spec.host_uid), (req.owner_gid, spec.host_gid)) }
+        .map_err(Failure::at("idmap user namespace"))?;
+    mounts::attach_workspace(&req.workspace, userns.as_fd(), sandbox_ns.as_fd(), host_ns.as_fd())
+        .map_err(Failure::at("attach workspace"))
 }

@@ -45,10 +45,11 @@ fn failure_line(f: &Failure) -> String {
 
 const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
 
-/// The init's whole life. Never returns.
-pub fn run(spec: &SandboxSpec, go: OwnedFd, report: OwnedFd) -> ! {
+/// The init's whole life. Never returns. `stdin`, when given, becomes the program's
+/// fd 0 (a pooled sandbox's socket to the daemon).
+pub fn run(spec: &SandboxSpec, go: OwnedFd, report: OwnedFd, stdin: Option<OwnedFd>) -> ! {
     let mut report = File::from(report);
-    let line = match init(spec, go, &mut report) {
+    let line = match init(spec, go, &mut report, stdin) {
         Ok(line) => line,
         Err(f) => failure_line(&f),
     };
@@ -58,7 +59,7 @@ pub fn run(spec: &SandboxSpec, go: OwnedFd, report: OwnedFd) -> ! {
     unsafe { libc::_exit(0) }
 }
 
-fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Failure> {
+fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedFd>) -> Result<String, Failure> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
     let mut byte = [0u8; 1];
     let mut go = File::from(go);
@@ -73,7 +74,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Fa
 
     let plan = mounts::plan(&Layout {
         rootfs: &spec.rootfs,
-        workspace: &spec.workspace,
+        workspace: spec.workspace.as_deref(),
         tmp_size_bytes: spec.tmp_size_bytes,
         shm_size_bytes: spec.shm_size_bytes,
         control_dir: spec.control_dir.as_deref(),
@@ -97,7 +98,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Fa
         ForkResult::Child => {
             drop(err_r);
             let mut err_w = File::from(err_w);
-            if let Err(f) = exec_program(spec, &mut err_w, &programs) {
+            if let Err(f) = exec_program(spec, stdin, &mut err_w, &programs) {
                 let _ = err_w.write_all(failure_line(&f).as_bytes());
             }
             // SAFETY: leave the failed child at once, without destructors.
@@ -105,6 +106,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File) -> Result<String, Fa
         }
         ForkResult::Parent { child } => child,
     };
+    drop(stdin);
     drop(err_w);
     let mut text = String::new();
     let _ = File::from(err_r).read_to_string(&mut text);
@@ -173,11 +175,19 @@ fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &
 }
 
 /// In the program's process: limits, privileges, Landlock, seccomp, exec.
-fn exec_program(spec: &SandboxSpec, err_w: &mut File, programs: &[seccompiler::BpfProgram; 2]) -> Result<(), Failure> {
+fn exec_program(
+    spec: &SandboxSpec,
+    stdin: Option<OwnedFd>,
+    err_w: &mut File,
+    programs: &[seccompiler::BpfProgram; 2],
+) -> Result<(), Failure> {
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(Failure::at("sigprocmask"))?;
     nix::unistd::setsid().map_err(Failure::at("setsid"))?;
-    setup_stdin(spec.stdin.as_deref())?;
+    match stdin {
+        Some(fd) => dup_stdin(&fd)?,
+        None => setup_stdin(spec.stdin.as_deref())?,
+    }
     nix::unistd::chdir("/mnt/data").map_err(Failure::at("chdir /mnt/data"))?;
     rlimits::apply(&spec.rlimits).map_err(Failure::at("rlimits"))?;
     caps::drop_all().map_err(Failure::at("drop privileges"))?;
@@ -222,6 +232,10 @@ fn setup_stdin(data: Option<&str>) -> Result<(), Failure> {
         }
         None => File::open("/dev/null").map_err(Failure::at("open /dev/null"))?.into(),
     };
+    dup_stdin(&fd)
+}
+
+fn dup_stdin(fd: &OwnedFd) -> Result<(), Failure> {
     // SAFETY: dup2 onto fd 0; the new fd 0 has no close-on-exec flag.
     if unsafe { libc::dup2(fd.as_raw_fd(), 0) } < 0 {
         return Err(Failure::at("dup2 stdin")(nix::Error::last()));

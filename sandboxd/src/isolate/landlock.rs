@@ -11,8 +11,12 @@ use landlock::{
 /// The newest ABI whose rights this ruleset was written and tested against.
 pub const TARGET_ABI: ABI = ABI::V7;
 
-/// Directories the sandbox may write below.
-pub const WRITABLE: [&str; 3] = ["/mnt/data", "/tmp", "/dev/shm"];
+/// Directories the sandbox may write below. The workspace is `/mnt/data`; the rule
+/// is on `/mnt` because a pooled sandbox's workspace is mounted after the ruleset is
+/// made, and rules bind to the inodes they were opened on (a rule on the directory
+/// the workspace later covers would not apply). `/mnt` itself is on the read-only
+/// rootfs, so this grants nothing more.
+pub const WRITABLE: [&str; 3] = ["/mnt", "/tmp", "/dev/shm"];
 /// Device files the sandbox may write to (writes are discarded or fail as usual).
 pub const WRITABLE_DEVICES: [&str; 3] = ["/dev/null", "/dev/zero", "/dev/full"];
 

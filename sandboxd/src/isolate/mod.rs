@@ -189,20 +189,208 @@ impl Sandboxes {
         let oom_before = slot.cg.oom_kills();
         slot.cg.reset_peak();
         let result = match slot.cg.set_limits(&run.limits) {
-            Ok(()) => drive(&slot, &run, chunks, &mut cancel, started, started_tx).await,
+            Ok(()) => match launch(&slot, &run.spec, None).await {
+                Ok(mut sandbox) => {
+                    drive(&mut sandbox, &run.bounds(), chunks, &mut cancel, started, started_tx, None).await
+                }
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e.into()),
         };
-        // Whatever happened, nothing of the run survives it.
-        slot.cg.kill_except(slot.pid());
-        let oom_killed = slot.cg.oom_kills() > oom_before;
-        let memory_peak_bytes = slot.cg.memory_peak();
         tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox ended");
-        self.give_back(slot).await;
+        let (oom_killed, memory_peak_bytes) = self.end(slot, oom_before).await;
         let mut outcome = result?;
         outcome.oom_killed = oom_killed;
         outcome.memory_peak_bytes = memory_peak_bytes;
         Ok(outcome)
     }
+
+    /// After a run: kill whatever is left in the slot, read its OOM count and peak,
+    /// and give it back.
+    async fn end(&self, slot: slot::Slot, oom_before: u64) -> (bool, Option<u64>) {
+        slot.cg.kill_except(slot.pid());
+        let oom_killed = slot.cg.oom_kills() > oom_before;
+        let peak = slot.cg.memory_peak();
+        self.give_back(slot).await;
+        (oom_killed, peak)
+    }
+
+    /// Start a pooled sandbox: built without its workspace, its program started with
+    /// a socket as stdin ([`Pooled::program`]), at the least CPU weight until a run
+    /// takes it. `spec.workspace` must be `None`.
+    pub async fn start_pooled(self: &Arc<Self>, spec: &SandboxSpec, limits: &cgroup::Limits) -> Result<Pooled, Error> {
+        let slot = self.take().await?;
+        let oom_before = slot.cg.oom_kills();
+        slot.cg.reset_peak();
+        let launched = async {
+            slot.cg.set_limits(limits)?;
+            slot.cg.set_idle(true)?;
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Control)?;
+            ours.set_nonblocking(true).map_err(Error::Control)?;
+            let mut sandbox = launch(&slot, spec, Some(&OwnedFd::from(theirs))).await?;
+            let program = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?;
+            let waited = tokio::time::timeout(Duration::from_secs(60), sandbox.wait_started()).await;
+            waited.map_err(|_| Error::Setup { step: "start".into(), error: "no init within 60 s".into() })??;
+            Ok::<_, Error>((sandbox, program))
+        };
+        match launched.await {
+            Ok((sandbox, program)) => Ok(Pooled { sandboxes: self.clone(), slot, sandbox, program, oom_before }),
+            Err(e) => {
+                self.end(slot, oom_before).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A sandbox started ahead of its run, its program waiting on [`Pooled::program`].
+pub struct Pooled {
+    sandboxes: Arc<Sandboxes>,
+    slot: slot::Slot,
+    sandbox: Launched,
+    /// The daemon's end of the program's stdin socket.
+    pub program: tokio::net::UnixStream,
+    oom_before: u64,
+}
+
+/// Resolves to the exit code a pooled program reports itself (None: it did not).
+pub type Done = std::pin::Pin<Box<dyn std::future::Future<Output = Option<i32>> + Send>>;
+
+impl Pooled {
+    /// Memory the sandbox holds now.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.slot.cg.memory_current()
+    }
+
+    /// Mount the session's workspace (owned by `owner` on the host) at `/mnt/data`
+    /// and give the sandbox its full CPU weight. Only once the program said it is
+    /// ready: the sandbox's filesystem is built by then.
+    pub async fn attach(&mut self, workspace: &std::path::Path, owner: u32) -> Result<(), Error> {
+        self.slot.cg.set_idle(false)?;
+        let req = spec::Attach { workspace: workspace.into(), owner_uid: owner, owner_gid: owner };
+        send_line(&mut self.sandbox.control, &req).await?;
+        loop {
+            match self.sandbox.next_event().await? {
+                Event::Attached => return Ok(()),
+                Event::SetupFailed { step, error } => return Err(Error::Setup { step, error }),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Supervise the run the program was just sent, as [`Sandboxes::run`] does.
+    /// `done`, given the program's socket, resolves to the exit code when the
+    /// program reports one itself, which ends the run at once (the rest of the
+    /// sandbox is then killed).
+    pub async fn finish(
+        self,
+        bounds: &Bounds,
+        chunks: Option<mpsc::Sender<Chunk>>,
+        mut cancel: watch::Receiver<bool>,
+        done: impl FnOnce(tokio::net::UnixStream) -> Done,
+    ) -> Result<Outcome, Error> {
+        let Pooled { sandboxes, slot, mut sandbox, program, oom_before } = self;
+        let started = Instant::now();
+        let result = drive(&mut sandbox, bounds, chunks, &mut cancel, started, None, Some(done(program))).await;
+        kill_all(sandbox.init_pid, sandbox.helper_pid);
+        let oom_killed = slot.cg.oom_kills() > oom_before;
+        let memory_peak_bytes = slot.cg.memory_peak();
+        // The rest of the sandbox is torn down (and its slot given back) after the answer.
+        tokio::spawn(async move { sandboxes.end(slot, oom_before).await });
+        let mut outcome = result?;
+        outcome.oom_killed = oom_killed;
+        outcome.memory_peak_bytes = memory_peak_bytes;
+        Ok(outcome)
+    }
+
+    /// End the sandbox and give its slot back.
+    pub async fn destroy(self) {
+        kill_all(self.sandbox.init_pid, self.sandbox.helper_pid);
+        let Pooled { sandboxes, slot, oom_before, .. } = self;
+        sandboxes.end(slot, oom_before).await;
+    }
+}
+
+/// How a run is bounded once its sandbox exists.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    /// For logs.
+    pub id: String,
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL at the timeout, so the program can save its work.
+    pub grace: Duration,
+    /// Bytes kept per stream; the rest is read and dropped.
+    pub output_limit: usize,
+}
+
+impl Run {
+    pub fn bounds(&self) -> Bounds {
+        Bounds { id: self.id.clone(), timeout: self.timeout, grace: self.grace, output_limit: self.output_limit }
+    }
+}
+
+/// The daemon's ends of a sandbox whose helper has its spec.
+struct Launched {
+    events: tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    control: OwnedWriteHalf,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    helper_pid: Option<i32>,
+    init_pid: Option<i32>,
+    warnings: Vec<String>,
+}
+
+impl Launched {
+    /// The next event that is not bookkeeping (the helper's pid and warnings are kept).
+    async fn next_event(&mut self) -> Result<Event, Error> {
+        loop {
+            let line = self.events.next_line().await.map_err(Error::Control)?.ok_or(Error::NoStatus)?;
+            match serde_json::from_str::<Event>(&line) {
+                Ok(Event::HelperStarted { pid }) => self.helper_pid = Some(pid),
+                Ok(Event::Warning { message }) => {
+                    tracing::warn!("{message}");
+                    self.warnings.push(message);
+                }
+                Ok(e) => return Ok(e),
+                Err(e) => tracing::warn!(error = %e, "unreadable helper event"),
+            }
+        }
+    }
+
+    async fn wait_started(&mut self) -> Result<(), Error> {
+        match self.next_event().await? {
+            Event::Started { init_pid } => {
+                self.init_pid = Some(init_pid);
+                Ok(())
+            }
+            Event::SetupFailed { step, error } => Err(Error::Setup { step, error }),
+            _ => Err(Error::NoStatus),
+        }
+    }
+}
+
+/// Have the slot fork a helper for `spec` and send it the spec.
+async fn launch(slot: &slot::Slot, spec: &SandboxSpec, stdin: Option<&OwnedFd>) -> Result<Launched, Error> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Control)?;
+    ours.set_nonblocking(true).map_err(Error::Control)?;
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Control(e.into()));
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    slot.fork_helper(&OwnedFd::from(theirs), &out_w, &err_w, stdin)
+        .map_err(|f| Error::Setup { step: f.step.into(), error: f.error })?;
+    // Only the helper holds the write ends now: end-of-file means the sandbox is done.
+    drop((out_w, err_w));
+    let (read_half, mut control) = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?.into_split();
+    send_line(&mut control, spec).await?;
+    Ok(Launched {
+        events: BufReader::new(read_half).lines(),
+        control,
+        stdout: Some(out_r),
+        stderr: Some(err_r),
+        helper_pid: None,
+        init_pid: None,
+        warnings: vec![],
+    })
 }
 
 /// Kill a slot's process and remove its cgroup.
@@ -221,36 +409,25 @@ async fn destroy(mut s: slot::Slot) {
 }
 
 async fn drive(
-    slot: &slot::Slot,
-    run: &Run,
+    sandbox: &mut Launched,
+    run: &Bounds,
     chunks: Option<mpsc::Sender<Chunk>>,
     cancel: &mut watch::Receiver<bool>,
     started: Instant,
     mut started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+    done: Option<Done>,
 ) -> Result<Outcome, Error> {
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Control)?;
-    ours.set_nonblocking(true).map_err(Error::Control)?;
-    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Control(e.into()));
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-    slot.fork_helper(&OwnedFd::from(theirs), &out_w, &err_w)
-        .map_err(|f| Error::Setup { step: f.step.into(), error: f.error })?;
-    // Only the helper holds the write ends now: end-of-file means the sandbox is done.
-    drop((out_w, err_w));
-    let receiver = |fd: OwnedFd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok();
+    let receiver = |fd: Option<OwnedFd>| fd.and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok());
+    let (out, err) = (receiver(sandbox.stdout.take()), receiver(sandbox.stderr.take()));
     let readers = [
-        tokio::spawn(output::capture(receiver(out_r), StreamKind::Stdout, run.output_limit, chunks.clone())),
-        tokio::spawn(output::capture(receiver(err_r), StreamKind::Stderr, run.output_limit, chunks)),
+        tokio::spawn(output::capture(out, StreamKind::Stdout, run.output_limit, chunks.clone())),
+        tokio::spawn(output::capture(err, StreamKind::Stderr, run.output_limit, chunks)),
     ];
-    let (read_half, mut control) = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?.into_split();
-    let mut events = BufReader::new(read_half).lines();
-    send_line(&mut control, &run.spec).await?;
-    let mut helper_pid: Option<i32> = None;
+    let mut done_open = done.is_some();
+    let mut done: Done = done.unwrap_or_else(|| Box::pin(std::future::pending()));
 
     let deadline = tokio::time::sleep(run.timeout);
     tokio::pin!(deadline);
-    let mut init_pid: Option<i32> = None;
-    let mut warnings = vec![];
     let mut timed_out = false;
     let mut cancelled = false;
     let mut term_sent_at: Option<Instant> = None;
@@ -258,29 +435,32 @@ async fn drive(
 
     loop {
         let grace_left = term_sent_at.map(|t| run.grace.saturating_sub(t.elapsed()));
+        let (init_pid, helper_pid) = (sandbox.init_pid, sandbox.helper_pid);
         tokio::select! {
-            line = events.next_line() => match line {
-                Ok(Some(line)) => match serde_json::from_str::<Event>(&line) {
-                    Ok(Event::HelperStarted { pid }) => helper_pid = Some(pid),
-                    Ok(Event::Started { init_pid: pid }) => {
-                        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
-                        init_pid = Some(pid);
-                        if let Some(tx) = started_tx.take() {
-                            let _ = tx.send(pid);
-                        }
+            event = sandbox.next_event() => match event {
+                Ok(Event::Started { init_pid: pid }) => {
+                    tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
+                    sandbox.init_pid = Some(pid);
+                    if let Some(tx) = started_tx.take() {
+                        let _ = tx.send(pid);
                     }
-                    Ok(Event::Warning { message }) => {
-                        tracing::warn!(run_id = %run.id, "{message}");
-                        warnings.push(message);
-                    }
-                    Ok(e) => {
-                        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "program ended");
-                        final_event = Some(e);
-                        break;
-                    }
-                    Err(e) => tracing::warn!(run_id = %run.id, error = %e, "unreadable helper event"),
-                },
-                Ok(None) | Err(_) => break,
+                }
+                Ok(e) => {
+                    tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "program ended");
+                    final_event = Some(e);
+                    break;
+                }
+                Err(_) => break,
+            },
+            code = &mut done, if done_open => match code {
+                // The program reported its own end, after closing its output: the run
+                // is over, and the rest of the sandbox is killed.
+                Some(code) => {
+                    final_event = Some(Event::Exited { code });
+                    kill_all(init_pid, helper_pid);
+                    break;
+                }
+                None => done_open = false,
             },
             _ = &mut deadline, if !timed_out && !cancelled => {
                 timed_out = true;
@@ -305,11 +485,11 @@ async fn drive(
             },
         }
     }
-    // The helper exits right after its last event (its socket then reads end-of-file);
-    // if it does not, it is killed.
-    let drained =
-        tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = events.next_line().await {} });
-    if drained.await.is_err() || final_event.is_none() {
+    let (init_pid, helper_pid) = (sandbox.init_pid, sandbox.helper_pid);
+    // Without a final event (the helper's socket ended), nothing of the sandbox may
+    // live on. After one, its teardown is not waited for: what is left of it is
+    // killed with the rest of the slot's processes after the run.
+    if final_event.is_none() {
         kill_all(init_pid, helper_pid);
         if let Some(pid) = helper_pid {
             signal(pid, nix::sys::signal::Signal::SIGKILL);
@@ -341,7 +521,7 @@ async fn drive(
         duration,
         stdout,
         stderr,
-        warnings,
+        warnings: std::mem::take(&mut sandbox.warnings),
         memory_peak_bytes: None,
     })
 }

@@ -3,11 +3,13 @@
 //! `/proc`, then `pivot_root` so nothing of the host stays reachable.
 //!
 //! [`plan`] is pure (unit-tested); [`apply`] performs the plan in the sandbox's own
-//! mount namespace.
+//! mount namespace. A pooled sandbox is built without its workspace, which
+//! [`attach_workspace`] mounts later, when a run takes the sandbox.
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +68,8 @@ pub enum MountOp {
 #[derive(Debug, Clone)]
 pub struct Layout<'a> {
     pub rootfs: &'a Path,
-    pub workspace: &'a Path,
+    /// `None`: the workspace is attached later ([`attach_workspace`]).
+    pub workspace: Option<&'a Path>,
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
     /// Bound read-only at `/run` when given.
@@ -82,11 +85,15 @@ pub fn plan(l: &Layout) -> Vec<MountOp> {
         MakeRootPrivate,
         Bind { src: root.into(), dst: root.into(), file: false },
         RemountReadOnly { path: root.into() },
-        Bind { src: l.workspace.into(), dst: root.join("mnt/data"), file: false },
-        RemountNoSuidNoDev { path: root.join("mnt/data") },
+    ];
+    if let Some(workspace) = l.workspace {
+        ops.push(Bind { src: workspace.into(), dst: root.join("mnt/data"), file: false });
+        ops.push(RemountNoSuidNoDev { path: root.join("mnt/data") });
+    }
+    ops.extend([
         Tmpfs { dst: root.join("tmp"), size_bytes: l.tmp_size_bytes, mode: 0o1777, noexec: false },
         Tmpfs { dst: dev.clone(), size_bytes: 64 * 1024, mode: 0o755, noexec: true },
-    ];
+    ]);
     for name in DEVICES {
         ops.push(Bind { src: Path::new("/dev").join(name), dst: dev.join(name), file: true });
     }
@@ -108,6 +115,76 @@ pub fn plan(l: &Layout) -> Vec<MountOp> {
     ops.push(Proc { dst: root.join("proc") });
     ops.push(PivotRoot { new_root: root.into() });
     ops
+}
+
+/// Mount the host directory `workspace` at `/mnt/data` in a running sandbox whose
+/// mount namespace is `sandbox_ns`, nosuid and nodev, with the idmap of `userns`
+/// (see [`super::namespaces::idmap_userns`]): a detached copy of the mount is made
+/// in the host's namespace, then moved into place from inside the sandbox's.
+/// The caller (host root, single-threaded) is back in `host_ns` when this returns.
+pub fn attach_workspace(
+    workspace: &Path,
+    userns: BorrowedFd,
+    sandbox_ns: BorrowedFd,
+    host_ns: BorrowedFd,
+) -> Result<(), Error> {
+    let data = Path::new("/mnt/data");
+    let path = std::ffi::CString::new(workspace.as_os_str().as_encoded_bytes()).map_err(|_| Error {
+        op: "open_tree",
+        path: workspace.into(),
+        source: nix::Error::EINVAL,
+    })?;
+    // SAFETY: open_tree reads the NUL-terminated path, which outlives the call, and
+    // returns a new fd or -1.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+        )
+    };
+    if tree < 0 {
+        return Err(err("open_tree", workspace)(nix::Error::last()));
+    }
+    // SAFETY: open_tree returned this fd just now; nothing else owns it.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let attr = libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: mount_setattr reads `attr` (its size passed along) and the empty path,
+    // both alive for the call; it only changes the detached mount behind `tree`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(err("mount_setattr (idmap, nosuid, nodev)", workspace)(nix::Error::last()));
+    }
+    nix::sched::setns(sandbox_ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(err("setns", data))?;
+    // SAFETY: move_mount reads the two NUL-terminated paths, alive for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c"/mnt/data".as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    let moved = if rc < 0 { Err(err("move_mount", data)(nix::Error::last())) } else { Ok(()) };
+    nix::sched::setns(host_ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(err("setns back", Path::new("/")))?;
+    moved
 }
 
 fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> Error + 'a {
@@ -204,7 +281,7 @@ mod tests {
     fn layout() -> Vec<MountOp> {
         plan(&Layout {
             rootfs: Path::new("/r"),
-            workspace: Path::new("/w"),
+            workspace: Some(Path::new("/w")),
             tmp_size_bytes: 1 << 20,
             shm_size_bytes: 2 << 20,
             control_dir: None,
@@ -232,7 +309,7 @@ mod tests {
     fn a_control_dir_is_bound_read_only_at_run() {
         let ops = plan(&Layout {
             rootfs: Path::new("/r"),
-            workspace: Path::new("/w"),
+            workspace: Some(Path::new("/w")),
             tmp_size_bytes: 1,
             shm_size_bytes: 1,
             control_dir: Some(Path::new("/c")),
@@ -241,6 +318,19 @@ mod tests {
         let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r/run".into() });
         assert!(bind.is_some() && ro > bind);
         assert!(!layout().iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/run"))));
+    }
+
+    #[test]
+    fn a_pooled_sandbox_starts_without_a_workspace() {
+        let ops = plan(&Layout {
+            rootfs: Path::new("/r"),
+            workspace: None,
+            tmp_size_bytes: 1,
+            shm_size_bytes: 1,
+            control_dir: None,
+        });
+        assert!(!ops.iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/mnt/data"))));
+        assert_eq!(ops.len() + 2, layout().len());
     }
 
     #[test]

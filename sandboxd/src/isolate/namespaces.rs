@@ -74,6 +74,54 @@ pub fn write_id_maps(child: Pid, host_uid: u32, host_gid: u32) -> Result<(), Err
     Ok(())
 }
 
+/// A user namespace whose only mappings are `uid.0` → `uid.1` and `gid.0` →
+/// `gid.1`, for an idmapped mount: files owned by the first on disk appear as the
+/// second's. A short-lived child creates it; its fd keeps it alive.
+///
+/// # Safety
+/// The caller must be single-threaded, as after `fork`.
+pub unsafe fn idmap_userns(uid: (u32, u32), gid: (u32, u32)) -> Result<std::os::fd::OwnedFd, Error> {
+    // SAFETY: as in `clone_into_namespaces`: a fork-like clone of a single-threaded
+    // caller. The child only calls async-signal-safe functions, then waits to be killed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    match rc {
+        -1 => return Err(Error::Clone(nix::Error::last())),
+        0 => loop {
+            // SAFETY: prctl and pause are async-signal-safe; the child dies with its
+            // parent and otherwise sleeps until the parent kills it.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::pause();
+            }
+        },
+        _ => {}
+    }
+    let child = Pid::from_raw(rc as i32);
+    let proc = format!("/proc/{child}");
+    let made = [("uid_map", uid), ("gid_map", gid)]
+        .iter()
+        .try_for_each(|(f, (inside, outside))| {
+            let path = format!("{proc}/{f}");
+            fs::write(&path, format!("{inside} {outside} 1\n")).map_err(|e| Error::IdMap(path, e))
+        })
+        .and_then(|()| {
+            let path = format!("{proc}/ns/user");
+            fs::File::open(&path).map(std::os::fd::OwnedFd::from).map_err(|e| Error::IdMap(path, e))
+        });
+    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(child, None);
+    made
+}
+
 /// Bring `lo` up in the new network namespace (it starts down).
 pub fn loopback_up() -> Result<(), Error> {
     use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};

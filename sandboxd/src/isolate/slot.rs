@@ -96,11 +96,12 @@ fn join(prepare: &Prepare) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `[control, stdout, stderr]` for one run, or None when the daemon hung up.
-fn receive_fds(sock: &OwnedFd) -> Result<Option<[OwnedFd; 3]>, nix::Error> {
+/// `[control, stdout, stderr]` and, for a pooled sandbox, the program's stdin
+/// socket, for one run; None when the daemon hung up.
+fn receive_fds(sock: &OwnedFd) -> Result<Option<Vec<OwnedFd>>, nix::Error> {
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let mut space = nix::cmsg_space!([RawFd; 4]);
     let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
     if msg.bytes == 0 {
         return Ok(None);
@@ -112,16 +113,20 @@ fn receive_fds(sock: &OwnedFd) -> Result<Option<[OwnedFd; 3]>, nix::Error> {
             fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
         }
     }
-    match <[OwnedFd; 3]>::try_from(fds) {
-        Ok(three) => Ok(Some(three)),
-        Err(_) => Err(nix::Error::EBADMSG),
+    match fds.len() {
+        3 | 4 => Ok(Some(fds)),
+        _ => Err(nix::Error::EBADMSG),
     }
 }
 
 /// In the freshly forked child: the output pipes become stdout/stderr, and the
 /// helper serves the run on the control socket.
-fn become_helper(fds: [OwnedFd; 3]) -> ! {
-    let [control, stdout, stderr] = fds;
+fn become_helper(fds: Vec<OwnedFd>) -> ! {
+    let mut fds = fds.into_iter();
+    let (Some(control), Some(stdout), Some(stderr)) = (fds.next(), fds.next(), fds.next()) else {
+        std::process::exit(3)
+    };
+    let stdin = fds.next();
     // SAFETY: restoring the default SIGCHLD disposition installs no handler; the
     // helper must be able to wait for its own child.
     let _ = unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) };
@@ -133,7 +138,7 @@ fn become_helper(fds: [OwnedFd; 3]) -> ! {
     }
     drop(stdout);
     drop(stderr);
-    helper::serve(UnixStream::from(control))
+    helper::serve(UnixStream::from(control), stdin)
 }
 
 /// Wait (blocking) for the slot's answer to [`Prepare`].
@@ -224,9 +229,17 @@ impl Slot {
         matches!(self.process.try_wait(), Ok(None))
     }
 
-    /// Ask the slot to fork a helper for one run.
-    pub fn fork_helper(&self, control: &OwnedFd, stdout: &OwnedFd, stderr: &OwnedFd) -> Result<(), Failure> {
-        let fds = [control.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()];
+    /// Ask the slot to fork a helper for one run; `stdin`, for a pooled sandbox,
+    /// becomes the program's fd 0.
+    pub fn fork_helper(
+        &self,
+        control: &OwnedFd,
+        stdout: &OwnedFd,
+        stderr: &OwnedFd,
+        stdin: Option<&OwnedFd>,
+    ) -> Result<(), Failure> {
+        let mut fds = vec![control.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()];
+        fds.extend(stdin.map(|s| s.as_raw_fd()));
         let cmsg = [ControlMessage::ScmRights(&fds)];
         let iov = [IoSlice::new(b"r")];
         sendmsg::<()>(self.sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)

@@ -18,8 +18,10 @@ pub const SANDBOX_GID: u32 = 1000;
 pub struct SandboxSpec {
     /// The unpacked rootfs, mounted read-only as `/`.
     pub rootfs: PathBuf,
-    /// The session workspace, mounted read-write at `/mnt/data`.
-    pub workspace: PathBuf,
+    /// The session workspace, mounted read-write at `/mnt/data`. `None` for a pooled
+    /// sandbox: its program starts with a socket as stdin, and the workspace is
+    /// attached later, when a run takes the sandbox ([`Attach`]).
+    pub workspace: Option<PathBuf>,
     /// Program and arguments; `argv[0]` is an absolute path inside the rootfs.
     pub argv: Vec<String>,
     /// The whole environment of the program (nothing is inherited).
@@ -36,6 +38,17 @@ pub struct SandboxSpec {
     /// A host directory bound read-only at `/run` inside (a kernel's control socket).
     #[serde(default)]
     pub control_dir: Option<PathBuf>,
+}
+
+/// Sent to the helper of a pooled sandbox after [`Event::Started`]: mount this
+/// workspace at `/mnt/data`, its files owned by `owner` on disk appearing as the
+/// sandbox user's (an idmapped mount). The helper answers [`Event::Attached`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attach {
+    pub workspace: PathBuf,
+    /// The host uid/gid that owns the workspace's files (the session's).
+    pub owner_uid: u32,
+    pub owner_gid: u32,
 }
 
 /// The first message: get ready for a run.
@@ -65,6 +78,8 @@ pub enum Event {
     HelperStarted { pid: i32 },
     /// The sandbox's init process exists; `init_pid` is its host pid.
     Started { init_pid: i32 },
+    /// The workspace of a pooled sandbox is mounted.
+    Attached,
     /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.
     Warning { message: String },
     /// The program ended by itself.

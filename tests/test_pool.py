@@ -1,0 +1,195 @@
+"""The pool of pre-started sandboxes: a pooled run behaves like a cold one, serves
+exactly one run (nothing crosses to the next), and under load the pool gives way to
+cold sandboxes instead of errors or reuse."""
+
+import concurrent.futures
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import new_session
+from test_security import PRELUDE
+
+PRELOADED = "import sys\nprint(json.dumps(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot') if m in sys.modules)))\n"
+
+
+def pooled_run(daemon, code, **fields):
+    """Run `code` in a sandbox from the pool (asserted through the pool's counters)."""
+    daemon.wait_pool_ready()
+    before = daemon.pool()
+    result = daemon.run(code, **fields)
+    after = daemon.pool()
+    assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"], (before, after, result)
+    return result
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(daemon):
+    yield
+    daemon.assert_clean()
+
+
+def test_health_reports_the_pool(daemon):
+    pool = daemon.wait_pool_ready()
+    assert pool["size_per_policy"] == 2 and pool["ready"] >= 2
+    # Each ready sandbox holds an interpreter with numpy, pandas and pyplot imported.
+    assert pool["memory_bytes"] > pool["ready"] * 30 * 2**20, pool
+
+
+def test_a_pooled_run_has_the_preloads_and_the_sessions_workspace(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        assert c.put(f"/v1/sessions/{sid}/files/in.txt", content=b"from the host").status_code in (200, 201)
+        r = pooled_run(daemon, "import json, os\n" + PRELOADED + r'''
+print(os.getcwd(), os.getuid(), os.getgid())
+print(open("in.txt").read())
+with open("out.txt", "w") as f:
+    f.write("from the sandbox")
+os.mkdir("sub")
+''', session_id=sid)
+        assert r["status"] == "ok", r
+        lines = r["stdout"].splitlines()
+        assert json.loads(lines[0]) == ["matplotlib.pyplot", "numpy", "pandas"]
+        assert lines[1] == "/mnt/data 1000 1000"
+        assert lines[2] == "from the host"
+        assert sorted(a["path"] for a in r["artifacts"]) == ["out.txt"]
+        assert c.get(f"/v1/sessions/{sid}/files/out.txt").content == b"from the sandbox"
+    # On the host the new files belong to the session's uid, as after a cold run.
+    data = daemon.state / "sessions" / sid / "data"
+    uid = daemon.session_uid(sid)
+    for name in ("out.txt", "sub"):
+        st = os.stat(data / name)
+        assert (st.st_uid, st.st_gid) == (uid, uid), name
+
+
+def test_a_pooled_run_reports_like_a_cold_one(daemon):
+    r = pooled_run(daemon, "import atexit\natexit.register(lambda: print('bye'))\nprint('hi')\nraise SystemExit(3)")
+    assert (r["status"], r["exit_code"], r["stdout"]) == ("error", 3, "hi\nbye\n")
+    r = pooled_run(daemon, "x = 1\n\n1 / 0\n")
+    assert r["status"] == "error" and r["exit_code"] == 1
+    assert 'File "<code>", line 3' in r["stderr"] and "ZeroDivisionError" in r["stderr"]
+    # pyplot was imported before the run: its figures are still saved.
+    r = pooled_run(daemon, "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\n")
+    assert [a["kind"] for a in r["artifacts"]] == ["figure"] and r["artifacts"][0]["mime_type"] == "image/png"
+    r = pooled_run(daemon, "import sys\nsys.stdout.write('x' * 300_000)")
+    assert r["stdout_truncated"] and len(r["stdout"]) == 100 * 1024
+
+
+def test_a_pooled_run_times_out_and_runs_out_of_memory_as_a_cold_one(daemon):
+    r = pooled_run(daemon, "while True: pass", timeout_s=1)
+    assert r["status"] == "timeout" and r["signal"] in ("SIGTERM", "SIGKILL"), r
+    r = pooled_run(daemon, "x = bytearray(600 * 2**20)\nx[::4096] = b'y' * len(x[::4096])")
+    assert r["status"] == "oom", r
+
+
+def test_a_pooled_run_streams(daemon):
+    daemon.wait_pool_ready()
+    hits = daemon.pool()["hits"]
+    with daemon.http() as c:
+        body = {"code": "import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.2)"}
+        with c.stream("POST", "/v1/runs", json=body, headers={"Accept": "text/event-stream"}) as r:
+            events = [line[len("event: "):] for line in r.iter_lines() if line.startswith("event: ")]
+    assert events.count("stdout") >= 2 and events[-1] == "result", events
+    assert daemon.pool()["hits"] == hits + 1
+
+
+def test_the_pooled_sandbox_is_locked_down_like_a_cold_one(daemon):
+    r = pooled_run(daemon, PRELUDE + r'''
+import json
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+print(json.dumps({
+    "caps": status["CapEff"].strip(), "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "etc": err(lambda: open("/etc/x", "w")),
+    "mnt": err(lambda: open("/mnt/x", "w")),
+    "umount": "ok" if libc.umount2(b"/mnt/data", 2) == 0 else errno.errorcode[ctypes.get_errno()],
+    "inet": err(lambda: socket.create_connection(("1.1.1.1", 53), timeout=1)),
+    "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+}))
+''')
+    out = json.loads(r["stdout"].splitlines()[-1])
+    assert out["caps"] == "0000000000000000" and out["nnp"] == "1" and out["seccomp"] == "2"
+    assert out["etc"] == "EROFS"
+    assert out["mnt"] == "EROFS"  # /mnt is on the read-only rootfs
+    assert out["umount"] == "EPERM"
+    assert out["inet"] == "EACCES"  # Landlock denies TCP connect
+    # Only the sandbox's init and this interpreter.
+    assert out["procs"] == [1, 2]
+
+
+def test_nothing_crosses_from_one_pooled_run_to_the_next(daemon):
+    first = pooled_run(daemon, r'''
+import os, subprocess, numpy
+open("/tmp/left-in-tmp", "w").write("x")
+open("/dev/shm/left-in-shm", "w").write("x")
+open("/mnt/data/first-session-file", "w").write("x")
+numpy.left_in_module = True
+os.environ["LEFT_IN_ENV"] = "1"
+subprocess.Popen(["sleep", "300"], start_new_session=True)
+print(os.getpid())
+''')
+    assert first["status"] == "ok", first
+    second = pooled_run(daemon, r'''
+import json, os, numpy
+print(json.dumps({
+    "tmp": sorted(os.listdir("/tmp")),
+    "shm": os.listdir("/dev/shm"),
+    "workspace": os.listdir("/mnt/data"),
+    "module": hasattr(numpy, "left_in_module"),
+    "env": "LEFT_IN_ENV" in os.environ,
+    "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+}))
+''')
+    out = json.loads(second["stdout"])
+    assert second["session_id"] != first["session_id"]
+    assert "left-in-tmp" not in out["tmp"] and out["shm"] == [] and out["module"] is False and out["env"] is False
+    assert out["workspace"] == ["lost+found"] or out["workspace"] == []
+    assert out["procs"] == [1, 2]
+    # The first run's background process died with its sandbox (assert_clean checks
+    # the host too, after every test).
+
+
+def test_under_load_the_pool_gives_way_to_cold_sandboxes(fresh_daemon):
+    d = fresh_daemon(args=["--pool-size", "1"])
+    d.wait_pool_ready()
+    code = "import os, sys\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\nprint('pandas' in sys.modules)"
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(lambda _: d.run(code), range(8)))
+    assert [r["status"] for r in results] == ["ok"] * 8, results
+    preloaded = [r["stdout"] == "True\n" for r in results]
+    pool = d.pool()
+    assert pool["hits"] == sum(preloaded) and pool["hits"] >= 1
+    assert pool["misses"] == 8 - pool["hits"] and pool["misses"] >= 1
+    d.wait_pool_ready()
+    d.assert_clean()
+
+
+def test_the_pool_refills_for_each_policy_in_use_and_can_be_turned_off(fresh_daemon):
+    d = fresh_daemon()
+    d.wait_pool_ready()
+    # The strict policy preloads nothing: its first run is cold, then it has a pool too.
+    r = d.run("import sys\nprint('pandas' in sys.modules)", policy="strict")
+    assert r["stdout"] == "False\n"
+    pool = d.wait_pool_ready("strict")
+    assert pool["ready_by_policy"]["strict"] == 2
+    before = d.pool()["hits"]
+    r = d.run("print(1)", policy="strict")
+    assert r["stdout"] == "1\n" and d.pool()["hits"] == before + 1
+    d.stop()
+
+    off = fresh_daemon(args=["--pool-size", "0"])
+    assert off.run("print(2)")["stdout"] == "2\n"
+    pool = off.pool()
+    assert (pool["size_per_policy"], pool["ready"], pool["hits"], pool["misses"]) == (0, 0, 0, 0)
+    off.assert_clean()
+
+
+def test_stopping_the_daemon_leaves_no_pooled_sandbox(fresh_daemon):
+    d = fresh_daemon()
+    d.wait_pool_ready()
+    d.stop()
+    d.assert_clean()
+    assert not any(
+        Path(f"/proc/{p}/cmdline").exists() and d.is_pooled_python(p) for p in os.listdir("/proc") if p.isdigit()
+    )
