@@ -5,9 +5,9 @@
 
 Each row runs the same workload N times and reports p50/p95 wall time and the
 ratio of its p50 to the baseline's: the rootfs's own Python with no isolation
-(`chroot ROOTFS /opt/py/bin/python`). sandboxd rows go through the real HTTP API,
-so they include HTTP, the fresh namespaces, cgroup, Landlock and seccomp, the
-workspace scan for artifacts and the result.
+(`chroot ROOTFS /opt/py/bin/python`). sandboxd rows go through the real HTTP API
+(a keep-alive http.client connection), so they include HTTP, the fresh namespaces,
+cgroup, Landlock and seccomp, the workspace scan for artifacts and the result.
 
 Two daemons run side by side: one with the pool off (`--pool-size 0`: every run
 builds a cold sandbox) and one with the default pool. A pooled row waits, untimed,
@@ -17,17 +17,36 @@ pooled daemon then serves what its pool holds and falls back to cold sandboxes.
 """
 
 import argparse
+import http.client
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from harness import Daemon, scratch_dir  # noqa: E402
+
+
+class Api:
+    """A lean HTTP/1.1 client: one keep-alive connection per thread (http.client;
+    httpx alone adds ~0.5 ms a request, which is the client's cost, not sandboxd's)."""
+
+    def __init__(self, port):
+        self.port = port
+        self.local = threading.local()
+
+    def post(self, path, body):
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = self.local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, r.read()
 
 
 def timed(fn, runs, warmup=3, before=None):
@@ -95,14 +114,15 @@ def main():
             cold_sid = cold_c.post("/v1/sessions", json={}).json()["id"]
             kernel_sid = c.post("/v1/sessions", json={"mode": "kernel"}).json()["id"]
 
-            def api_run(code, language="python", session=None, client=c):
-                r = client.post("/v1/runs", json={"code": code, "session_id": session or sid, "language": language})
-                body = r.json()
-                if r.status_code != 200 or body["status"] != "ok":
-                    raise SystemExit(f"run failed: {r.text[:500]}")
+            api, cold_api = Api(daemon.port), Api(cold_daemon.port)
+
+            def api_run(code, language="python", session=None, client=api):
+                status, text = client.post("/v1/runs", {"code": code, "session_id": session or sid, "language": language})
+                if status != 200 or json.loads(text)["status"] != "ok":
+                    raise SystemExit(f"run failed: {text[:500]!r}")
 
             def cold_run(code, language="python"):
-                api_run(code, language, session=cold_sid, client=cold_c)
+                api_run(code, language, session=cold_sid, client=cold_api)
 
             bare = [shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), "/opt/py/bin/python", "-c"]
             bwrap = [shutil.which("bwrap") or "bwrap", "--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
@@ -133,7 +153,7 @@ def main():
             extra["pool_ready"] = pool["ready"]
             cold_sessions = [cold_c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
             sessions = [c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
-            extra["cold_rps"] = throughput(lambda s: api_run("print(1)", session=s, client=cold_c), cold_sessions)
+            extra["cold_rps"] = throughput(lambda s: api_run("print(1)", session=s, client=cold_api), cold_sessions)
             before = daemon.pool()
             extra["pooled_rps"] = throughput(lambda s: api_run("print(1)", session=s), sessions)
             after = daemon.pool()

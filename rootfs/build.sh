@@ -30,7 +30,7 @@ python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || die "the host python3 must be 3.11 to install cp311 wheels (found $(python3 -V 2>&1))"
 
 # Only what goes into the image counts: support/kernel.py is embedded in the daemon.
-recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sitecustomize.py | sha256sum | cut -c1-16)
+recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sandboxd_runner.py support/sitecustomize.py | sha256sum | cut -c1-16)
 tarball="$out/rootfs-$recipe_hash.tar.zst"
 if [ -s "$tarball" ] && [ -s "$tarball.sha256" ]; then
   say "up to date: $tarball (recipe $recipe_hash)"
@@ -75,7 +75,7 @@ find "$root/opt/py/bin" -type f ! -name 'python*' ! -name 'activate*' -delete
 
 current="support"; next "install the sandbox support code and the sandbox user"
 mkdir -p "$root/opt/sandboxd" "$root/mnt/data" "$root/tmp" "$root/proc" "$root/dev" "$root/sys"
-cp "$here/support/runner.py" "$root/opt/sandboxd/"
+cp "$here/support/runner.py" "$here/support/sandboxd_runner.py" "$root/opt/sandboxd/"
 cp "$here/support/sitecustomize.py" "$root/opt/py/lib/python3.11/site-packages/sitecustomize.py"
 echo "sandbox:x:1000:1000:sandbox:/tmp:/bin/bash" >>"$root/etc/passwd"
 echo "sandbox:x:1000:" >>"$root/etc/group"

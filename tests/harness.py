@@ -231,18 +231,23 @@ class Daemon:
             if self.uid_base <= uid < self.uid_base + 1000:
                 if running and (self.is_pooled_python(p.name) or self.is_pooled_python(p.name, init=True)):
                     continue
-                procs.append((p.name, uid, (p / "cmdline").read_bytes()[:80]))
+                procs.append((p.name, uid, _cmdline(p.name)[:4]))
         if procs:
             found["processes"] = procs
         groups = []
         for root in cgroup_roots():
             inst = root / self.instance
-            if not inst.is_dir():
+            try:
+                entries = list(inst.iterdir())
+            except FileNotFoundError:
                 continue
-            for d in inst.iterdir():
+            for d in entries:
                 if not d.is_dir() or d.name == "daemon":
                     continue
-                members = (d / "cgroup.procs").read_text().split()
+                try:
+                    members = (d / "cgroup.procs").read_text().split()
+                except FileNotFoundError:  # removed since it was listed
+                    continue
                 slot = running and len(members) == 1 and _is_slot(members[0])
                 # A ready pooled sandbox: the slot and the sandbox's helper (root), its
                 # init and the waiting interpreter (the pool's uid).

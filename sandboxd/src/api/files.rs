@@ -178,6 +178,7 @@ pub async fn upload(
         drop(writer);
         // Leave nothing half-written behind.
         let _ = ws.remove(&rel);
+        drain(stream).await;
         return Err(e);
     }
     let url = format!("{}/v1/sessions/{id}/files/{}", state.ctx.public_url, artifacts::url_path(&rel));
@@ -191,6 +192,23 @@ pub async fn upload(
             url,
         }),
     ))
+}
+
+/// Read and discard what is left of a refused upload (at most 64 MiB, for at most
+/// 10 s), so that a client still sending its body reads the error instead of a
+/// connection reset.
+async fn drain(mut stream: axum::body::BodyDataStream) {
+    const MAX: u64 = 64 << 20;
+    let mut read = 0u64;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len() as u64;
+            if read > MAX {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path)),

@@ -1,10 +1,10 @@
 //! Inside the namespaces: the sandbox's init (pid 1) and the program it runs.
 //!
 //! The init waits until its uid/gid maps are written, builds the filesystem
-//! ([`super::mounts`]), sets the hostname and brings up `lo`, then forks the program.
-//! The program's process sets rlimits, drops every privilege ([`super::caps`]),
-//! applies Landlock and seccomp, and execs. The init then drops its own privileges,
-//! reaps, forwards SIGTERM/SIGINT/SIGHUP to every process in the sandbox, and when
+//! ([`super::mounts`]), sets the hostname and brings up `lo`, drops every privilege
+//! ([`super::caps`]), installs the seccomp filter, then forks the program, which
+//! inherits both. The program's process sets rlimits, applies Landlock and execs.
+//! The init reaps, forwards SIGTERM/SIGINT/SIGHUP to every process in the sandbox, and when
 //! the program ends reports its status to the helper and exits: the kernel then
 //! kills whatever else is left in the pid namespace.
 //!
@@ -92,13 +92,22 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None).map_err(Failure::at("sigprocmask"))?;
 
     let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
+    // Every privilege goes, and the seccomp filter is installed, once, here: the
+    // program inherits both (loading the filter costs the kernel most of a
+    // millisecond, so it is not loaded twice).
+    caps::drop_all().map_err(Failure::at("drop privileges"))?;
+    // Changing credentials cleared the parent-death signal: set it again. The pipe
+    // from the helper covers the moments in between: it reads end-of-file as soon
+    // as the helper is gone, whenever that happened.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
+    seccomp::apply(&programs).map_err(Failure::at("seccomp"))?;
     // SAFETY: the init is single-threaded (it was cloned from the single-threaded
     // helper and started no thread), so the child may run arbitrary code.
     let child = match unsafe { fork() }.map_err(Failure::at("fork"))? {
         ForkResult::Child => {
             drop(err_r);
             let mut err_w = File::from(err_w);
-            if let Err(f) = exec_program(spec, stdin, &mut err_w, &programs) {
+            if let Err(f) = exec_program(spec, stdin, &mut err_w) {
                 let _ = err_w.write_all(failure_line(&f).as_bytes());
             }
             // SAFETY: leave the failed child at once, without destructors.
@@ -124,21 +133,15 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
         }
     }
 
-    // The init keeps no output pipe open, and holds no privilege while it waits.
+    // The init keeps no output pipe open while it waits.
     if let Ok(devnull) = File::options().read(true).write(true).open("/dev/null") {
         for fd in [0, 1, 2] {
             // SAFETY: replaces our own stdio with /dev/null.
             unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
         }
     }
-    caps::drop_all().map_err(Failure::at("drop init privileges"))?;
-    // Changing credentials cleared the parent-death signal: set it again. The pipe
-    // from the helper covers the moments in between: it reads end-of-file as soon
-    // as the helper is gone, whenever that happened.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
     let signals = nix::sys::signalfd::SignalFd::with_flags(&blocked, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
         .map_err(Failure::at("signalfd"))?;
-    seccomp::apply(&programs).map_err(Failure::at("init seccomp"))?;
     Ok(reap_until_exit(child, &signals, &go))
 }
 
@@ -174,13 +177,9 @@ fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &
     }
 }
 
-/// In the program's process: limits, privileges, Landlock, seccomp, exec.
-fn exec_program(
-    spec: &SandboxSpec,
-    stdin: Option<OwnedFd>,
-    err_w: &mut File,
-    programs: &[seccompiler::BpfProgram; 2],
-) -> Result<(), Failure> {
+/// In the program's process, which has no privilege left and the init's seccomp
+/// filter: its own session, stdin, limits, Landlock, exec.
+fn exec_program(spec: &SandboxSpec, stdin: Option<OwnedFd>, err_w: &mut File) -> Result<(), Failure> {
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(Failure::at("sigprocmask"))?;
     nix::unistd::setsid().map_err(Failure::at("setsid"))?;
@@ -190,7 +189,6 @@ fn exec_program(
     }
     nix::unistd::chdir("/mnt/data").map_err(Failure::at("chdir /mnt/data"))?;
     rlimits::apply(&spec.rlimits).map_err(Failure::at("rlimits"))?;
-    caps::drop_all().map_err(Failure::at("drop privileges"))?;
     match landlock::apply().map_err(Failure::at("landlock"))? {
         landlock::Enforcement::Full => {}
         other => {
@@ -211,7 +209,6 @@ fn exec_program(
     let env =
         cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().iter().map(String::as_str))?;
     let program = argv.first().cloned().ok_or(Failure { step: "exec", error: "empty argv".into() })?;
-    seccomp::apply(programs).map_err(Failure::at("seccomp"))?;
     let err = nix::unistd::execve(&program, &argv, &env).err();
     Err(Failure {
         step: "exec",

@@ -1,0 +1,254 @@
+"""Runs one cell of user code inside a sandbox (script mode).
+
+Started by sandboxd as `/opt/py/bin/python /opt/sandboxd/runner.py RUN_ID AUTOSAVE`
+(runner.py only imports this module and calls main()).
+The code arrives on stdin; stdin is then pointed at /dev/null so the user's code
+sees an empty stdin.
+
+In a pooled sandbox it is started ahead of its run as `runner.py --pooled MODULES`,
+with a socket to the daemon as stdin: it imports MODULES (comma-separated), says
+`{"ready": true, "failed": [...]}`, waits for `{"code", "run_id", "autosave"}` (the
+workspace is mounted by then), runs the code once, and reports `{"exit_code": N}`
+after closing its output. This prologue/epilogue prints nothing of its own, keeps the
+user's line numbers in tracebacks and the user's exit code, and, when AUTOSAVE is
+"1", saves every open, non-empty matplotlib figure exactly once: at plt.show(), at
+exit, or when sandboxd asks the run to stop (SIGTERM at the timeout).
+"""
+
+import builtins
+import os
+import _signal as signal  # the C module: `signal` imports enum, ~8 ms of startup
+import sys
+
+FILENAME = "<code>"
+WORKSPACE = "/mnt/data"
+
+
+class _Figures:
+    """Saves open figures once each, named uniquely for this run."""
+
+    def __init__(self, run_id):
+        self.prefix = "figure-%s-" % run_id[:8]
+        self.count = 0
+        self.saving = False
+
+    def _save(self, fig):
+        self.count += 1
+        path = os.path.join(WORKSPACE, "%s%d.png" % (self.prefix, self.count))
+        self.saving = True
+        try:
+            fig.savefig(path)
+        finally:
+            self.saving = False
+        fig._sandboxd_saved = True
+
+    def save_open(self, close):
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        for num in list(plt.get_fignums()):
+            fig = plt.figure(num)
+            if not getattr(fig, "_sandboxd_saved", False) and _has_content(fig):
+                try:
+                    self._save(fig)
+                except Exception:  # a broken figure must not hide the user's result
+                    import traceback
+
+                    traceback.print_exc()
+            if close:
+                plt.close(fig)
+
+    def patch(self, pyplot):
+        """Make plt.show() save instead of block, and remember explicit savefig calls."""
+        figures = self
+        figure_cls = sys.modules["matplotlib.figure"].Figure
+        original_savefig = figure_cls.savefig
+
+        def savefig(fig, *args, **kwargs):
+            result = original_savefig(fig, *args, **kwargs)
+            if not figures.saving:
+                fig._sandboxd_saved = True
+            return result
+
+        def show(*args, **kwargs):
+            figures.save_open(close=True)
+
+        figure_cls.savefig = savefig
+        pyplot.show = show
+
+
+def _has_content(fig):
+    return bool(fig.get_axes() or fig.images or fig.texts or fig.lines or fig.patches)
+
+
+class _PyplotHook:
+    """Patches matplotlib.pyplot right after the user's code imports it."""
+
+    def __init__(self, figures):
+        self.figures = figures
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "matplotlib.pyplot":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+        figures = self.figures
+
+        def exec_module(module):
+            original_exec(module)
+            figures.patch(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--pooled":
+        pooled(sys.argv[2])
+        return
+    run_id = sys.argv[1] if len(sys.argv) > 1 else "run"
+    autosave = len(sys.argv) > 2 and sys.argv[2] == "1"
+    code = sys.stdin.buffer.read()
+    _stdin_from_devnull()
+    sys.exit(run(code.decode("utf-8", errors="replace"), run_id, autosave))  # runs atexit handlers, flushes
+
+
+def _stdin_from_devnull():
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def pooled(preload):
+    import importlib
+    import json
+    import socket
+
+    sock = socket.socket(fileno=os.dup(0))
+    _stdin_from_devnull()
+    # Nothing the imports print may reach the run's output.
+    saved = os.dup(1), os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    failed = []
+    for name in filter(None, preload.split(",")):
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            failed.append(name)
+    try:
+        _warm_up()
+    except BaseException:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, copy in zip((1, 2), saved):
+        os.dup2(copy, fd)
+        os.close(copy)
+    sock.sendall(json.dumps({"ready": True, "failed": failed}).encode() + b"\n")
+    line = sock.makefile("rb").readline()
+    if not line:
+        os._exit(0)
+    msg = json.loads(line)
+    os.chdir(WORKSPACE)  # the workspace was mounted over the directory we started in
+    exit_code = run(msg["code"], msg["run_id"], bool(msg["autosave"]))
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os.close(1)
+        os.close(2)
+        sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
+        # The interpreter's teardown (modules, memory) is not waited for.
+        os._exit(exit_code)
+
+
+def _warm_up():
+    """Do once, on constant data, what a first plotting cell pays for on top of the
+    imports: loading the Agg renderer, the fonts and the PNG writer, and pandas'
+    plotting glue. It leaves no figure open (the user's first is still Figure 1)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    import io
+
+    pd = sys.modules.get("pandas")
+    try:
+        if pd is not None:
+            ax = pd.DataFrame({"x": [0, 1], "y": [0.0, 1.0]}).plot(x="x", y="y", title="t")
+        else:
+            ax = plt.figure().add_subplot()
+            ax.plot([0, 1], [0.0, 1.0])
+            ax.set_title("t")
+        ax.figure.savefig(io.BytesIO(), format="png")
+    finally:
+        plt.close("all")
+
+
+def run(source, run_id, autosave):
+    """Run the user's code as __main__; return its exit code."""
+    figures = _Figures(run_id) if autosave else None
+    if figures is not None:
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:  # preloaded
+            figures.patch(pyplot)
+        else:
+            sys.meta_path.insert(0, _PyplotHook(figures))
+
+        def on_term(signum, frame):
+            figures.save_open(close=False)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Die of the signal itself, so the run reports how it really ended.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    sys.argv = [FILENAME]
+    globals_ = {"__name__": "__main__", "__builtins__": builtins, "__file__": FILENAME}
+    sys.path.insert(0, WORKSPACE)
+    exit_code = 0
+    try:
+        compiled = compile(source, FILENAME, "exec", dont_inherit=True)
+        exec(compiled, globals_)
+    except SystemExit as e:
+        exit_code = _exit_code(e.code)
+    except BaseException as e:  # the user's error: print it as Python would
+        # Imported only now: most runs never need them, and they cost startup time.
+        import linecache
+        import traceback
+
+        linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
+        tb = e.__traceback__
+        if not isinstance(e, SyntaxError) and tb is not None:
+            tb = tb.tb_next  # drop this runner's frame
+        traceback.print_exception(type(e), e, tb)
+        exit_code = 1
+    if figures is not None:
+        figures.save_open(close=False)
+    return exit_code
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
