@@ -10,9 +10,11 @@ ratio of its p50 to the baseline's: the rootfs's own Python with no isolation
 cgroup, Landlock and seccomp, the workspace scan for artifacts and the result.
 
 Two daemons run side by side: one with the pool off (`--pool-size 0`: every run
-builds a cold sandbox) and one with the default pool. A pooled row waits, untimed,
-until the pool is full again before each run, so it measures a run that finds a
-ready sandbox. The throughput rows keep 8 clients busy against each daemon; the
+builds a cold sandbox) and one with the default pool. The systems of a workload
+are measured in rounds, one run of each per round, so that whatever else the
+machine does weighs on all alike; a round starts, untimed, once the pool is full,
+and its pooled run comes last, so it finds a ready sandbox and its refill overlaps
+no other run. The throughput rows keep 8 clients busy against each daemon; the
 pooled daemon then serves what its pool holds and falls back to cold sandboxes.
 """
 
@@ -49,21 +51,24 @@ class Api:
         return r.status, r.read()
 
 
-def timed(fn, runs, warmup=3, before=None):
-    """p50/p95 of `fn` in ms; `before` runs untimed ahead of each call."""
-    for _ in range(warmup):
+def interleaved(systems, runs, warmup=3, before=None):
+    """p50/p95 in ms of each of `systems` ([(name, fn)]), measured in rounds: each
+    round calls `before` (untimed), then each system once, in order. Whatever else
+    this machine is doing then weighs on every system alike."""
+    samples = {name: [] for name, _ in systems}
+    for i in range(warmup + runs):
         if before:
             before()
-        fn()
-    samples = []
-    for _ in range(runs):
-        if before:
-            before()
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1000)
-    samples.sort()
-    return {"p50": statistics.median(samples), "p95": samples[min(len(samples) - 1, int(len(samples) * 0.95))]}
+        for name, fn in systems:
+            t = time.perf_counter()
+            fn()
+            if i >= warmup:
+                samples[name].append((time.perf_counter() - t) * 1000)
+    out = []
+    for name, _ in systems:
+        s = sorted(samples[name])
+        out.append((name, {"p50": statistics.median(s), "p95": s[min(len(s) - 1, int(len(s) * 0.95))]}))
+    return out
 
 
 WORKLOADS = [
@@ -128,24 +133,29 @@ def main():
             bwrap = [shutil.which("bwrap") or "bwrap", "--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
                      "--unshare-all", "--die-with-parent", "--clearenv", "--setenv", "MPLBACKEND", "Agg",
                      "--setenv", "MPLCONFIGDIR", "/opt/sandboxd/mplconfig", "/opt/py/bin/python", "-c"]
+            # Each round starts (untimed) once the pool is full, and the pooled run
+            # comes last: a refill (a Python importing numpy, pandas and matplotlib)
+            # then never shares the CPU with another system's run.
             pool_full = lambda: daemon.wait_pool_ready()  # noqa: E731
-            rows = []
-            for workload, code in WORKLOADS:
-                expect = EXPECT.get(workload)
-                rows.append((f"{workload}: python, no isolation (baseline)", lambda code=code, e=expect: check([*bare, code], e), None))
-                if shutil.which("bwrap"):
-                    rows.append((f"{workload}: bubblewrap", lambda code=code, e=expect: check([*bwrap, code], e), None))
-                rows.append((f"{workload}: sandboxd cold", lambda code=code: cold_run(code), None))
-                rows.append((f"{workload}: sandboxd pooled", lambda code=code: api_run(code), pool_full))
-                rows.append((f"{workload}: sandboxd kernel session", lambda code=code: api_run(code, session=kernel_sid), None))
-            rows.append(("isolation only: shell `true` via sandboxd", lambda: cold_run("true", "shell"), None))
-
             # A kernel session keeps its imports: warm it once, as a user's first cell would.
             api_run("import numpy, pandas, matplotlib.pyplot", session=kernel_sid)
             results = []
-            for name, fn, before in rows:
-                runs = args.runs if not name.startswith("plot") else max(5, args.runs // 4)
-                results.append((name, timed(fn, runs, before=before)))
+            for workload, code in WORKLOADS:
+                expect = EXPECT.get(workload)
+                systems = [(f"{workload}: python, no isolation (baseline)", lambda code=code, e=expect: check([*bare, code], e))]
+                if shutil.which("bwrap"):
+                    systems.append((f"{workload}: bubblewrap", lambda code=code, e=expect: check([*bwrap, code], e)))
+                systems += [
+                    (f"{workload}: sandboxd cold", lambda code=code: cold_run(code)),
+                    (f"{workload}: sandboxd kernel session", lambda code=code: api_run(code, session=kernel_sid)),
+                    (f"{workload}: sandboxd pooled", lambda code=code: api_run(code)),
+                ]
+                runs = args.runs if workload != "plot" else max(5, args.runs // 4)
+                measured = dict(interleaved(systems, runs, before=pool_full))
+                # Printed as cold, pooled, kernel (measured with pooled last).
+                late = {f"{workload}: sandboxd pooled": 1, f"{workload}: sandboxd kernel session": 2}
+                results += sorted(measured.items(), key=lambda item: late.get(item[0], 0))
+            results += interleaved([("isolation only: shell `true` via sandboxd", lambda: cold_run("true", "shell"))], args.runs)
 
             pool = daemon.wait_pool_ready()
             extra["daemon_rss_mib"] = daemon.rss_kib() / 1024
