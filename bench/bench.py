@@ -104,7 +104,7 @@ def throughput(run, sessions, total=160):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = ap.parse_args()
 
