@@ -1,5 +1,6 @@
 """pytest fixtures over the harness: one shared daemon, and daemons of a test's own."""
 
+import json
 import os
 import shutil
 
@@ -55,3 +56,16 @@ def new_session(client, **fields):
     r = client.post("/v1/sessions", json=fields)
     assert r.status_code == 201, r.text
     return r.json()["id"]
+
+
+def stream_run(client, **body):
+    """POST /v1/runs asking for server-sent events; returns [(event name, data)]."""
+    events, name = [], None
+    with client.stream("POST", "/v1/runs", json=body, headers={"Accept": "text/event-stream"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.status_code
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                events.append((name, json.loads(line.split(":", 1)[1])))
+    return events

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import new_session
+from conftest import new_session, stream_run
 
 
 def error_code(r):
@@ -329,17 +329,8 @@ def test_matplotlib_has_no_cache_warnings(daemon):
 
 def test_streaming_events(daemon):
     code = "import time, sys\nfor i in range(3):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\nprint('oops', file=sys.stderr)"
-    events = []
     with daemon.http() as c:
-        with c.stream("POST", "/v1/runs", json={"code": code}, headers={"Accept": "text/event-stream"}) as r:
-            assert r.status_code == 200
-            assert r.headers["content-type"].startswith("text/event-stream")
-            name = None
-            for line in r.iter_lines():
-                if line.startswith("event:"):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("data:"):
-                    events.append((name, json.loads(line.split(":", 1)[1])))
+        events = stream_run(c, code=code)
         # An error before the run starts is a plain HTTP error.
         r = c.post("/v1/runs", json={"code": "1", "session_id": "missing"}, headers={"Accept": "text/event-stream"})
         assert (r.status_code, error_code(r)) == (404, "session_not_found")

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import new_session
+from conftest import new_session, stream_run
 
 
 @pytest.fixture
@@ -27,6 +27,27 @@ def kernel(daemon):
 
 def cell(daemon, sid, code, **kw):
     return daemon.run(code, session_id=sid, **kw)
+
+
+def test_a_cell_streams_its_output_and_late_output_stays_out(daemon, kernel):
+    sid = kernel()
+    with daemon.http() as c:
+        # A background process of this cell writes only after the next cell started.
+        first = stream_run(c, session_id=sid, code=(
+            "import subprocess, sys, time\nsubprocess.Popen(['sh', '-c', 'sleep 2; echo late'])\n"
+            "for i in range(3):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\n"
+            "print('oops', file=sys.stderr)\n'é' * 2"))
+        second = stream_run(c, session_id=sid, code="import time\ntime.sleep(2)\nprint('second')")
+    out = "".join(e["text"] for n, e in first if n == "stdout")
+    err = "".join(e["text"] for n, e in first if n == "stderr")
+    assert out == "line 0\nline 1\nline 2\n" and err == "oops\n"
+    assert [n for n, _ in first].count("stdout") >= 3  # in pieces, as printed
+    name, result = first[-1]
+    assert name == "result" and result["status"] == "ok" and result["stdout"] == out
+    assert result["result"] == {"text/plain": "'éé'"}
+    # "late" went to the first cell's pipe, which nobody streams any more.
+    assert {n for n, _ in second[:-1]} == {"stdout"} and "".join(e["text"] for _, e in second[:-1]) == "second\n"
+    assert second[-1][0] == "result" and second[-1][1]["stdout"] == "second\n"
 
 
 def test_state_persists_and_final_expressions_are_returned(daemon, kernel):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import new_session
+from conftest import new_session, stream_run
 from test_security import PRELUDE
 
 PRELOADED = "import sys\nprint(json.dumps(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot') if m in sys.modules)))\n"
@@ -88,9 +88,7 @@ def test_a_pooled_run_streams(daemon):
     daemon.wait_pool_ready()
     hits = daemon.pool()["hits"]
     with daemon.http() as c:
-        body = {"code": "import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.2)"}
-        with c.stream("POST", "/v1/runs", json=body, headers={"Accept": "text/event-stream"}) as r:
-            events = [line[len("event: "):] for line in r.iter_lines() if line.startswith("event: ")]
+        events = [name for name, _ in stream_run(c, code="import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.2)")]
     assert events.count("stdout") >= 2 and events[-1] == "result", events
     assert daemon.pool()["hits"] == hits + 1
 

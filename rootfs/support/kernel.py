@@ -5,12 +5,15 @@ daemon embeds this file in its binary, so the rootfs need not be rebuilt when it
 changes. It connects to the daemon's socket (bound read-only at /run inside the
 sandbox) and serves one cell at a time: a JSON line in, a JSON line out. During a
 cell, fds 1 and 2 are pipes the kernel drains itself (capped), so output from C
-code and subprocesses is captured too. SIGINT (the daemon's timeout) interrupts the
+code and subprocesses is captured too; when the cell asks for `stream`, what is kept
+is also sent as it arrives, as `{"stream": "stdout"|"stderr", "run_id", "text"}`
+lines ahead of the reply. SIGINT (the daemon's timeout) interrupts the
 cell with KeyboardInterrupt and the state stays.
 """
 
 import ast
 import builtins
+import codecs
 import json
 import os
 import socket
@@ -21,11 +24,27 @@ FILENAME = "<cell>"
 WORKSPACE = "/mnt/data"
 
 
-class Capture:
-    """Point fd `fd` at a pipe for the cell and keep the first `limit` bytes."""
+class Channel:
+    """The connection to the daemon, shared by the main thread and the drains."""
 
-    def __init__(self, fd, limit):
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, obj):
+        line = json.dumps(obj).encode() + b"\n"
+        with self.lock:
+            self.conn.sendall(line)
+
+
+class Capture:
+    """Point fd `fd` at a pipe for the cell and keep the first `limit` bytes; with a
+    `channel`, send what is kept as it arrives, under the stream's `name`."""
+
+    def __init__(self, fd, limit, name=None, channel=None, run_id=None):
         self.fd, self.limit = fd, limit
+        self.name, self.channel, self.run_id = name, channel, run_id
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.data, self.truncated = bytearray(), False
         self.saved = os.dup(fd)
         r, w = os.pipe()
@@ -40,14 +59,30 @@ class Capture:
                 room = self.limit - len(self.data)
                 if room > 0:
                     self.data += chunk[:room]
+                    self._stream(chunk[:room])
                 if len(chunk) > max(room, 0):
                     self.truncated = True
+
+    def _stream(self, data, final=False):
+        channel = self.channel
+        if channel is None:
+            return
+        text = self.decoder.decode(data, final)
+        if text:
+            try:
+                # Tagged with the cell: what a background process writes after the
+                # reply is not taken for the next cell's output.
+                channel.send({"stream": self.name, "run_id": self.run_id, "text": text})
+            except OSError:
+                self.channel = None  # the daemon is gone; the cell's reply will fail too
 
     def finish(self):
         os.dup2(self.saved, self.fd)
         os.close(self.saved)
         # Whatever still holds the pipe (a background process) is not waited for.
         self.reader.join(0.5)
+        self._stream(b"", final=True)
+        self.channel = None
         return self.data.decode("utf-8", errors="replace"), self.truncated
 
 
@@ -86,10 +121,12 @@ def _clip(text, limit=64 * 1024):
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def run_cell(namespace, msg):
+def run_cell(namespace, msg, channel):
     code = msg["code"]
     limit = int(msg.get("output_limit", 100 * 1024))
-    out, err = Capture(1, limit), Capture(2, limit)
+    streaming = channel if msg.get("stream") else None
+    run_id = msg.get("run_id", "cell")
+    out, err = Capture(1, limit, "stdout", streaming, run_id), Capture(2, limit, "stderr", streaming, run_id)
     result = exception = None
     exit_code = 0
     try:
@@ -123,7 +160,7 @@ def run_cell(namespace, msg):
         except Exception:
             pass
         if msg.get("autosave", True):
-            save_figures(msg.get("run_id", "cell"))
+            save_figures(run_id)
     stdout, stdout_truncated = out.finish()
     stderr, stderr_truncated = err.finish()
     return {
@@ -147,13 +184,13 @@ def main():
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     reader = conn.makefile("rb")
+    channel = Channel(conn)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     while True:
         line = reader.readline()
         if not line:
             return
-        reply = run_cell(namespace, json.loads(line))
-        conn.sendall(json.dumps(reply).encode() + b"\n")
+        channel.send(run_cell(namespace, json.loads(line), channel))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 //! forwards it), which interrupts the cell and keeps the state; a cell that ignores
 //! it is killed after the grace period, and the kernel is started afresh next time.
 
+use crate::isolate::output::{Chunk, StreamKind};
 use crate::isolate::{self, spec, Outcome, Sandboxes};
 use crate::policy::Policy;
 use serde::Deserialize;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// The kernel's source, run with `python -` (read from stdin).
@@ -43,6 +44,14 @@ pub struct CellReply {
     pub result: Option<Value>,
     pub exception: Option<Value>,
     pub exit_code: i32,
+}
+
+/// A piece of a cell's output, sent while it runs when the cell asked for `stream`.
+#[derive(Debug, Deserialize)]
+struct StreamLine {
+    stream: String,
+    run_id: String,
+    text: String,
 }
 
 /// How a cell ended.
@@ -143,13 +152,29 @@ impl Kernel {
     }
 
     /// Run one cell. `stop` set to true kills the kernel (the session is closing).
+    /// With `chunks`, the cell's output is streamed there as it is produced (the
+    /// message must then ask for `stream`).
     pub async fn exec(
         mut self,
         msg: Value,
         timeout: Duration,
         grace: Duration,
         mut stop: watch::Receiver<bool>,
+        chunks: Option<mpsc::Sender<Chunk>>,
     ) -> (Option<Kernel>, CellEnd) {
+        let run_id = msg.get("run_id").and_then(Value::as_str).unwrap_or_default().to_string();
+        // A slow streaming client must not hold up the cell's time limit: chunks go
+        // through a queue that the kernel's output cap keeps small.
+        let forward = chunks.map(|tx| {
+            let (queue, mut rx) = mpsc::unbounded_channel::<Chunk>();
+            tokio::spawn(async move {
+                while let Some(chunk) = rx.recv().await {
+                    // A client that went away must not stop the cell.
+                    let _ = tx.send(chunk).await;
+                }
+            });
+            queue
+        });
         let mut line = msg.to_string().into_bytes();
         line.push(b'\n');
         if self.writer.write_all(&line).await.is_err() {
@@ -161,7 +186,20 @@ impl Kernel {
         tokio::pin!(deadline);
         let answer = loop {
             tokio::select! {
-                l = self.lines.next_line() => break l,
+                l = self.lines.next_line() => match l {
+                    // kernel.py writes the "stream" key first in a chunk line, and
+                    // never in a reply.
+                    Ok(Some(l)) if l.starts_with("{\"stream\"") => {
+                        // Output of this cell, or late output of an earlier one (dropped).
+                        if let (Some(queue), Ok(s)) = (&forward, serde_json::from_str::<StreamLine>(&l)) {
+                            let stream = if s.stream == "stderr" { StreamKind::Stderr } else { StreamKind::Stdout };
+                            if s.run_id == run_id {
+                                let _ = queue.send(Chunk { stream, text: s.text });
+                            }
+                        }
+                    }
+                    other => break other,
+                },
                 _ = &mut deadline => {
                     if interrupted {
                         let outcome = self.stop().await;

@@ -205,7 +205,7 @@ pub async fn execute(
     chunks: Option<mpsc::Sender<Chunk>>,
 ) -> Result<RunResult, ApiError> {
     if lease.mode == crate::session::Mode::Kernel && req.language == Language::Python {
-        return execute_cell(ctx, lease, req).await;
+        return execute_cell(ctx, lease, req, chunks).await;
     }
     let policy = &lease.policy;
     let timeout = validate(req, policy)?;
@@ -340,7 +340,12 @@ async fn snapshot(lease: &Lease) -> Result<Snapshot, ApiError> {
 }
 
 /// A Python run in a kernel session: a cell in the session's live interpreter.
-async fn execute_cell(ctx: &Context, lease: &Lease, req: &RunRequest) -> Result<RunResult, ApiError> {
+async fn execute_cell(
+    ctx: &Context,
+    lease: &Lease,
+    req: &RunRequest,
+    chunks: Option<mpsc::Sender<Chunk>>,
+) -> Result<RunResult, ApiError> {
     let policy = &lease.policy;
     let timeout = validate(req, policy)?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
@@ -354,9 +359,10 @@ async fn execute_cell(ctx: &Context, lease: &Lease, req: &RunRequest) -> Result<
         "run_id": run_id,
         "autosave": req.autosave_figures.unwrap_or(policy.autosave_figures),
         "output_limit": policy.output_bytes(),
+        "stream": chunks.is_some(),
     });
     let grace = Duration::from_secs(policy.grace_s.max(1));
-    let (kernel, end) = existing.exec(msg, timeout, grace, lease.cancel.clone()).await;
+    let (kernel, end) = existing.exec(msg, timeout, grace, lease.cancel.clone(), chunks).await;
     if let Some(k) = kernel {
         ctx.kernels().lock().await.insert(lease.id.clone(), k);
     }
