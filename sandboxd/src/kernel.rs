@@ -104,7 +104,7 @@ impl Kernel {
                 // The source arrives on stdin (`python -`): ps shows a short command line.
                 ..crate::run::sandbox_spec(
                     s.rootfs,
-                    s.workspace,
+                    Some(s.workspace),
                     s.uid,
                     policy,
                     vec!["/opt/py/bin/python".into(), "-".into(), "/run/kernel.sock".into()],

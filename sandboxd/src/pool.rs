@@ -228,10 +228,7 @@ impl Pool {
             "--pooled".to_string(),
             policy.preload.join(","),
         ];
-        let spec = isolate::spec::SandboxSpec {
-            workspace: None,
-            ..crate::run::sandbox_spec(&self.rootfs, std::path::Path::new("/"), uid, policy, argv, None)
-        };
+        let spec = crate::run::sandbox_spec(&self.rootfs, None, uid, policy, argv, None);
         let limits = crate::run::cgroup_limits(policy);
         let mut pooled = self.sandboxes.start_pooled(&spec, &limits).await.map_err(|e| e.to_string())?;
         let ready = tokio::select! {

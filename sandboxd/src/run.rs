@@ -143,10 +143,11 @@ pub fn environment(policy: &Policy) -> Vec<(String, String)> {
     .collect()
 }
 
-/// The sandbox of a session under `policy`, running `argv`.
+/// The sandbox of a session under `policy`, running `argv`; without a workspace for
+/// a pooled sandbox (it is attached when a run takes it).
 pub fn sandbox_spec(
     rootfs: &std::path::Path,
-    workspace: &std::path::Path,
+    workspace: Option<&std::path::Path>,
     uid: u32,
     policy: &Policy,
     argv: Vec<String>,
@@ -154,7 +155,7 @@ pub fn sandbox_spec(
 ) -> spec::SandboxSpec {
     spec::SandboxSpec {
         rootfs: rootfs.into(),
-        workspace: Some(workspace.into()),
+        workspace: workspace.map(Into::into),
         argv,
         env: environment(policy),
         stdin,
@@ -226,7 +227,7 @@ pub async fn execute(
     let snapshot = snapshot(lease).await?;
     let run = isolate::Run {
         id: run_id.clone(),
-        spec: sandbox_spec(&ctx.rootfs, &lease.workspace, lease.uid, policy, argv, stdin),
+        spec: sandbox_spec(&ctx.rootfs, Some(&lease.workspace), lease.uid, policy, argv, stdin),
         limits: cgroup_limits(policy),
         timeout,
         grace: Duration::from_secs(policy.grace_s),

@@ -209,10 +209,15 @@ impl Sandboxes {
     /// and give it back.
     async fn end(&self, slot: slot::Slot, oom_before: u64) -> (bool, Option<u64>) {
         slot.cg.kill_except(slot.pid());
-        let oom_killed = slot.cg.oom_kills() > oom_before;
-        let peak = slot.cg.memory_peak();
+        let usage = usage(&slot, oom_before);
         self.give_back(slot).await;
-        (oom_killed, peak)
+        usage
+    }
+
+    /// Kill whatever is left in the slot and give it back.
+    async fn release(&self, slot: slot::Slot) {
+        slot.cg.kill_except(slot.pid());
+        self.give_back(slot).await;
     }
 
     /// Start a pooled sandbox: built without its workspace, its program started with
@@ -236,7 +241,7 @@ impl Sandboxes {
         match launched.await {
             Ok((sandbox, program)) => Ok(Pooled { sandboxes: self.clone(), slot, sandbox, program, oom_before }),
             Err(e) => {
-                self.end(slot, oom_before).await;
+                self.release(slot).await;
                 Err(e)
             }
         }
@@ -293,10 +298,9 @@ impl Pooled {
         let started = Instant::now();
         let result = drive(&mut sandbox, bounds, chunks, &mut cancel, started, None, Some(done(program))).await;
         kill_all(sandbox.init_pid, sandbox.helper_pid);
-        let oom_killed = slot.cg.oom_kills() > oom_before;
-        let memory_peak_bytes = slot.cg.memory_peak();
+        let (oom_killed, memory_peak_bytes) = usage(&slot, oom_before);
         // The rest of the sandbox is torn down (and its slot given back) after the answer.
-        tokio::spawn(async move { sandboxes.end(slot, oom_before).await });
+        tokio::spawn(async move { sandboxes.release(slot).await });
         let mut outcome = result?;
         outcome.oom_killed = oom_killed;
         outcome.memory_peak_bytes = memory_peak_bytes;
@@ -306,8 +310,8 @@ impl Pooled {
     /// End the sandbox and give its slot back.
     pub async fn destroy(self) {
         kill_all(self.sandbox.init_pid, self.sandbox.helper_pid);
-        let Pooled { sandboxes, slot, oom_before, .. } = self;
-        sandboxes.end(slot, oom_before).await;
+        let Pooled { sandboxes, slot, .. } = self;
+        sandboxes.release(slot).await;
     }
 }
 
@@ -391,6 +395,12 @@ async fn launch(slot: &slot::Slot, spec: &SandboxSpec, stdin: Option<&OwnedFd>) 
         init_pid: None,
         warnings: vec![],
     })
+}
+
+/// Whether the run in `slot` met the OOM killer (its count is past `oom_before`),
+/// and the slot's memory peak.
+fn usage(slot: &slot::Slot, oom_before: u64) -> (bool, Option<u64>) {
+    (slot.cg.oom_kills() > oom_before, slot.cg.memory_peak())
 }
 
 /// Kill a slot's process and remove its cgroup.
