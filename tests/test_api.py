@@ -320,6 +320,38 @@ def test_tracebacks_keep_line_numbers_and_exit_codes(daemon):
     assert daemon.run("import atexit; atexit.register(lambda: print('bye'))")["stdout"] == "bye\n"
 
 
+# The runner ends the process without the interpreter's teardown; what a program
+# relies on at its end must still happen, in the interpreter's order.
+END_OF_RUN = """
+import atexit, threading, time
+log = open("unclosed.txt", "w")
+log.write("flushed at the end")
+class Noisy:
+    def __del__(self):
+        print("finalised")
+noisy = Noisy()
+def late():
+    time.sleep(0.3)
+    print("thread done", flush=True)
+threading.Thread(target=late).start()
+atexit.register(lambda: print("atexit"))
+print("main done")
+"""
+
+
+def check_end_of_run(res, client, sid):
+    assert res["status"] == "ok", res
+    assert res["stdout"] == "main done\nthread done\natexit\nfinalised\n"
+    assert [a["path"] for a in res["artifacts"]] == ["unclosed.txt"]
+    assert client.get(f"/v1/sessions/{sid}/files/unclosed.txt").content == b"flushed at the end"
+
+
+def test_threads_atexit_and_open_files_at_the_end_of_a_run(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        check_end_of_run(daemon.run(END_OF_RUN, session_id=sid), c, sid)
+
+
 def test_matplotlib_has_no_cache_warnings(daemon):
     res = daemon.run("import matplotlib.pyplot as plt\nplt.plot([1])\nplt.savefig('a.png')", language="python")
     assert res["stderr"] == ""

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import new_session, stream_run
+from test_api import END_OF_RUN, check_end_of_run
 from test_security import PRELUDE
 
 PRELOADED = "import sys\nprint(json.dumps(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot') if m in sys.modules)))\n"
@@ -75,6 +76,12 @@ def test_a_pooled_run_reports_like_a_cold_one(daemon):
     assert [a["kind"] for a in r["artifacts"]] == ["figure"] and r["artifacts"][0]["mime_type"] == "image/png"
     r = pooled_run(daemon, "import sys\nsys.stdout.write('x' * 300_000)")
     assert r["stdout_truncated"] and len(r["stdout"]) == 100 * 1024
+
+
+def test_a_pooled_run_ends_like_a_cold_one(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        check_end_of_run(pooled_run(daemon, END_OF_RUN, session_id=sid), c, sid)
 
 
 def test_a_pooled_run_times_out_and_runs_out_of_memory_as_a_cold_one(daemon):

@@ -82,7 +82,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     mounts::apply(&plan).map_err(Failure::at("mounts"))?;
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;
     namespaces::loopback_up().map_err(Failure::at("loopback"))?;
-    let programs = seccomp::programs().map_err(Failure::at("seccomp"))?;
+    let filter = seccomp::program().map_err(Failure::at("seccomp"))?;
 
     let mut blocked = SigSet::empty();
     blocked.add(Signal::SIGCHLD);
@@ -100,7 +100,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     // from the helper covers the moments in between: it reads end-of-file as soon
     // as the helper is gone, whenever that happened.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
-    seccomp::apply(&programs).map_err(Failure::at("seccomp"))?;
+    seccomp::apply(&filter).map_err(Failure::at("seccomp"))?;
     // SAFETY: the init is single-threaded (it was cloned from the single-threaded
     // helper and started no thread), so the child may run arbitrary code.
     let child = match unsafe { fork() }.map_err(Failure::at("fork"))? {
