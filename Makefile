@@ -38,6 +38,7 @@ bench: build rootfs
 install: build
 	install -D -m 0755 target/release/sandboxd $(DESTDIR)$(PREFIX)/bin/sandboxd
 	install -D -m 0755 target/release/sandboxctl $(DESTDIR)$(PREFIX)/bin/sandboxctl
+	install -D -m 0644 target/release/libsandboxd.so $(DESTDIR)$(PREFIX)/lib/sandboxd/libsandboxd.so
 	install -d $(DESTDIR)/etc/sandboxd/policies
 	install -m 0644 policies/*.toml $(DESTDIR)/etc/sandboxd/policies/
 	install -D -m 0644 systemd/sandboxd.service $(DESTDIR)/etc/systemd/system/sandboxd.service

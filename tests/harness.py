@@ -190,14 +190,15 @@ class Daemon:
         return value
 
     def is_pooled_python(self, pid, init=False):
-        """An interpreter of a ready pooled sandbox: the pool's uids (above the sessions'),
-        waiting in `runner.py --pooled`; with `init`, that sandbox's init."""
+        """A pooled template's interpreter, or a process of its fork waiting for a run:
+        the pool's uids (above the sessions'), `runner.py --template`; with `init`,
+        that sandbox's init."""
         try:
             uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[1])
         except (OSError, IndexError, ValueError):
             return False
         first = self.uid_base + self.max_sessions()
-        want = ["sandboxd", "__sandbox"] if init else ["/opt/py/bin/python", "/opt/sandboxd/runner.py", "--pooled"]
+        want = ["sandboxd", "__sandbox"] if init else ["/opt/py/bin/python", "/opt/sandboxd/runner.py", "--template"]
         return first <= uid < first + 256 and _cmdline(pid)[: len(want)] == want
 
     def pool(self):
@@ -249,11 +250,12 @@ class Daemon:
                 except FileNotFoundError:  # removed since it was listed
                     continue
                 slot = running and len(members) == 1 and _is_slot(members[0])
-                # A ready pooled sandbox: the slot and the sandbox's helper (root), its
-                # init and the waiting interpreter (the pool's uid).
-                pooled = (running and len(members) == 4 and sum(map(_is_slot, members)) == 2
+                # A ready pooled template: the slot and the sandbox's helper (root), its
+                # init, the template interpreter and its fork waiting for the next run
+                # (outer process, the fork's init, its program), all the pool's uid.
+                pooled = (running and len(members) == 7 and sum(map(_is_slot, members)) == 2
                           and sum(self.is_pooled_python(m, init=True) for m in members) == 1
-                          and sum(map(self.is_pooled_python, members)) == 1)
+                          and sum(map(self.is_pooled_python, members)) == 4)
                 if not (slot or pooled):
                     groups.append((str(d), [(m, _cmdline(m)) for m in members]))
         if groups:

@@ -1,5 +1,6 @@
-"""The pool of pre-started sandboxes: a pooled run behaves like a cold one, serves
-exactly one run (nothing crosses to the next), and under load the pool gives way to
+"""The pool of template interpreters: a pooled run (a fork of a template, in a
+sandbox of its own) behaves like a cold one, nothing crosses from one run to the
+next, the template is out of the runs' reach, and under load the pool gives way to
 cold sandboxes instead of errors or reuse."""
 
 import concurrent.futures
@@ -89,6 +90,74 @@ def test_a_pooled_run_times_out_and_runs_out_of_memory_as_a_cold_one(daemon):
     assert r["status"] == "timeout" and r["signal"] in ("SIGTERM", "SIGKILL"), r
     r = pooled_run(daemon, "x = bytearray(600 * 2**20)\nx[::4096] = b'y' * len(x[::4096])")
     assert r["status"] == "oom", r
+    # The OOM killer may have picked the template: it is replaced, and the pool serves on.
+    assert pooled_run(daemon, "print(1)")["stdout"] == "1\n"
+
+
+def template_pids(daemon):
+    """Host pids of the template interpreters: pooled Pythons whose parent is their
+    sandbox's init (a fork's processes descend from the template instead)."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if not (p.isdigit() and daemon.is_pooled_python(p)):
+            continue
+        try:
+            ppid = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        if daemon.is_pooled_python(ppid, init=True):
+            pids.append(int(p))
+    return sorted(pids)
+
+
+FRESH = r'''
+import json, os, random, numpy
+print(json.dumps({"pid": os.getpid(), "tmp": os.listdir("/tmp"), "random": random.random(),
+                  "numpy": float(numpy.random.rand()), "urandom": os.urandom(8).hex()}))
+open("/tmp/mark", "w").write("x")
+'''
+
+
+def test_one_template_serves_run_after_run_each_in_a_fresh_sandbox(fresh_daemon):
+    d = fresh_daemon(args=["--pool-size", "1"])
+    d.wait_pool_ready()
+    template = template_pids(d)
+    assert len(template) == 1
+    outs = [json.loads(pooled_run(d, FRESH)["stdout"]) for _ in range(4)]
+    assert [o["pid"] for o in outs] == [2] * 4 and [o["tmp"] for o in outs] == [[]] * 4
+    # Each fork has its own randomness, numpy's global generator included.
+    for key in ("random", "numpy", "urandom"):
+        assert len({o[key] for o in outs}) == 4, key
+    assert template_pids(d) == template and d.pool()["failures"] == 0
+    d.assert_clean()
+
+
+def test_a_run_cannot_reach_its_template(fresh_daemon):
+    d = fresh_daemon(args=["--pool-size", "1"])
+    d.wait_pool_ready()
+    template = template_pids(d)
+    # The template shares no writable memory with its forks: they get copies.
+    maps = Path(f"/proc/{template[0]}/maps").read_text().splitlines()
+    assert [m for m in maps if m.split()[1][1] == "w" and m.split()[1][3] == "s"] == []
+    # Everything a run can signal is in its own sandbox; the template serves on.
+    r = pooled_run(d, r'''
+import errno, json, os, signal
+def kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return "sent"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+procs = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print(json.dumps([procs, kill(-1), kill(1)]), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+''')
+    # Its /proc shows its init and itself; no other process it may signal (ESRCH);
+    # its init is outside its Landlock domain (EPERM).
+    assert json.loads(r["stdout"]) == [[1, 2], "ESRCH", "EPERM"] and r["signal"] == "SIGKILL", r
+    assert pooled_run(d, "print(1)")["stdout"] == "1\n"
+    assert template_pids(d) == template and d.pool()["failures"] == 0
+    d.assert_clean()
 
 
 def test_a_pooled_run_streams(daemon):
@@ -158,7 +227,8 @@ print(json.dumps({
 def test_under_load_the_pool_gives_way_to_cold_sandboxes(fresh_daemon):
     d = fresh_daemon(args=["--pool-size", "1"])
     d.wait_pool_ready()
-    code = "import os, sys\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\nprint('pandas' in sys.modules)"
+    # Runs longer than the wait for a busy template: the others cannot queue for it.
+    code = "import os, sys, time\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\ntime.sleep(0.5)\nprint('pandas' in sys.modules)"
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
         results = list(ex.map(lambda _: d.run(code), range(8)))
     assert [r["status"] for r in results] == ["ok"] * 8, results

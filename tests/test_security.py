@@ -65,8 +65,9 @@ print(json.dumps({k: status[k].strip() for k in
 
 
 def test_sandbox_uid_maps_to_an_unprivileged_host_uid(daemon):
-    """A cold sandbox runs as its session's own host uid; a pooled one (made before
-    the session was known) as a pool uid above every session's, with the workspace
+    """A cold sandbox runs as its session's own host uid; a pooled one (a fork of a
+    template made before the session was known) as a pool uid above every
+    session's, through a user namespace nested in its template's, with the workspace
     idmapped to the session's uid (test_pool checks the files' owner)."""
     with daemon.http() as c:
         sid = new_session(c)
@@ -79,12 +80,22 @@ def test_sandbox_uid_maps_to_an_unprivileged_host_uid(daemon):
 import json
 print(json.dumps({"uid_map": open("/proc/self/uid_map").read().split(), "gid_map": open("/proc/self/gid_map").read().split()}))
 ''', session_id=sid)
-    pool_uid = int(out["uid_map"][1])
-    first = daemon.uid_base + daemon.max_sessions()
-    assert first <= pool_uid < first + 256
-    assert out["uid_map"] == ["1000", str(pool_uid), "1"]
-    assert out["gid_map"] == ["1000", str(pool_uid), "1"]
+    # Inside, only the sandbox user, mapped to the template's sandbox user...
+    assert out["uid_map"] == out["gid_map"] == ["1000", "1000", "1"]
     assert daemon.pool()["hits"] == hits + 1
+    # ...which the template's namespace maps to one pool uid; every pooled process
+    # on the host runs as such a uid.
+    first = daemon.uid_base + daemon.max_sessions()
+    pooled = [p for p in os.listdir("/proc") if p.isdigit() and daemon.is_pooled_python(p)]
+    assert pooled
+    for pid in pooled:
+        try:
+            uid_map = open(f"/proc/{pid}/uid_map").read().split()
+            uids = open(f"/proc/{pid}/status").read().split("Uid:")[1].split()[:4]
+        except OSError:
+            continue  # gone since it was listed
+        assert len(set(uids)) == 1 and first <= int(uids[0]) < first + 256, (pid, uids)
+        assert uid_map in (["1000", uids[0], "1"], ["1000", "1000", "1"]), (pid, uid_map)
 
 
 def test_fork_bomb_is_held_at_the_pids_limit(daemon):

@@ -5,11 +5,12 @@ Started by sandboxd as `/opt/py/bin/python /opt/sandboxd/runner.py RUN_ID AUTOSA
 The code arrives on stdin; stdin is then pointed at /dev/null so the user's code
 sees an empty stdin.
 
-In a pooled sandbox it is started ahead of its run as `runner.py --pooled MODULES`,
-with a socket to the daemon as stdin: it imports MODULES (comma-separated), says
-`{"ready": true, "failed": [...]}`, waits for `{"code", "run_id", "autosave"}` (the
-workspace is mounted by then), runs the code once, and reports `{"exit_code": N}`
-after closing its output. This prologue/epilogue prints nothing of its own, keeps the
+In a pooled sandbox it is started ahead of its runs as `runner.py --template
+MODULES`, with a socket to the daemon as stdin: it imports MODULES (comma-separated),
+says `{"ready": true, "failed": [...]}`, and then forks once per run (see
+template()); the fork waits for `{"code", "run_id", "autosave"}` (the workspace is
+mounted by then), runs the code once, and reports `{"exit_code": N}` after closing
+its output. This prologue/epilogue prints nothing of its own, keeps the
 user's line numbers in tracebacks and the user's exit code, and, when AUTOSAVE is
 "1", saves every open, non-empty matplotlib figure exactly once: at plt.show(), at
 exit, or when sandboxd asks the run to stop (SIGTERM at the timeout).
@@ -109,8 +110,8 @@ class _PyplotHook:
 
 
 def main():
-    if len(sys.argv) > 2 and sys.argv[1] == "--pooled":
-        pooled(sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[1] == "--template":
+        template(sys.argv[2])
         return
     run_id = sys.argv[1] if len(sys.argv) > 1 else "run"
     autosave = len(sys.argv) > 2 and sys.argv[2] == "1"
@@ -127,15 +128,20 @@ def _stdin_from_devnull():
     os.close(devnull)
 
 
-def pooled(preload):
+def template(preload):
+    """A pooled template: import `preload` (comma-separated) once, then fork once
+    per run. Each fork enters a sandbox of its own through sandboxd's library
+    (`sandboxd_enter`: fresh namespaces, /tmp and /proc, no privileges, seccomp,
+    Landlock) before it reads any of the run's code; this process never runs any."""
+    import ctypes
     import importlib
     import json
+    import select
     import socket
 
     sock = socket.socket(fileno=os.dup(0))
     _stdin_from_devnull()
-    # Nothing the imports print may reach the run's output.
-    saved = os.dup(1), os.dup(2)
+    # Nothing this process prints goes anywhere: each run has its own output.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -152,24 +158,73 @@ def pooled(preload):
         pass
     sys.stdout.flush()
     sys.stderr.flush()
-    for fd, copy in zip((1, 2), saved):
-        os.dup2(copy, fd)
-        os.close(copy)
     sock.sendall(json.dumps({"ready": True, "failed": failed}).encode() + b"\n")
-    line = sock.makefile("rb").readline()
-    if not line:
-        os._exit(0)
-    msg = json.loads(line)
-    os.chdir(WORKSPACE)  # the workspace was mounted over the directory we started in
-    namespace = {}
-    exit_code = run(msg["code"], msg["run_id"], bool(msg["autosave"]), namespace)
+    enter = None
+    forks = {}  # pidfd -> pid of the forks still running
+    while True:
+        ready = select.select([sock, *forks], [], [])[0]
+        for fd in ready:
+            if fd in forks:
+                pid = forks.pop(fd)
+                os.close(fd)
+                os.waitpid(pid, 0)
+                sock.sendall(json.dumps({"reaped": pid}).encode() + b"\n")
+        if sock not in ready:
+            continue
+        data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 4)
+        if not data or len(fds) != 4:
+            os._exit(0)  # the daemon hung up (or broke the protocol): the pool replaces us
+        if enter is None:
+            enter = ctypes.CDLL("/proc/self/fd/%d" % fds[0]).sandboxd_enter
+            enter.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int)
+            enter.restype = ctypes.c_int
+        spec = json.dumps(json.loads(data)["spec"]).encode()
+        pid = os.fork()
+        if pid == 0:
+            _forked(enter, spec, sock, fds)
+        for fd in fds:
+            os.close(fd)
+        # The next fork can be made while this one's run is torn down.
+        forks[os.pidfd_open(pid)] = pid
 
-    def report():
-        os.close(1)
-        os.close(2)
-        sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
 
-    _finish(exit_code, namespace, report)
+def _forked(enter, spec, template_sock, fds):
+    """In a fork of the template: become the run's sandbox, then run its code."""
+    try:
+        import json
+        import socket
+
+        _library, stdout, stderr, run_fd = fds
+        os.set_inheritable(run_fd, False)  # the run's programs inherit stdio only
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        template_sock.detach()  # closed below, by the library, with every other fd
+        if enter(spec, len(spec), run_fd) != 0:
+            os._exit(1)  # the library told the daemon why
+        # From here on: the run's own process, in its own sandbox.
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()  # `random` reseeds itself at fork; numpy's global state does not
+        sock = socket.socket(fileno=run_fd)
+        sock.sendall(b'{"entered": true}\n')
+        line = sock.makefile("rb").readline()
+        if not line:
+            os._exit(0)
+        msg = json.loads(line)
+        os.chdir(WORKSPACE)  # the workspace is mounted over the directory we started in
+        namespace = {}
+        exit_code = run(msg["code"], msg["run_id"], bool(msg["autosave"]), namespace)
+
+        def report():
+            os.close(1)
+            os.close(2)
+            sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
+            # The daemon answers, then ends this sandbox: its teardown waits until then.
+            sock.recv(1)
+
+        _finish(exit_code, namespace, report)
+    except BaseException:
+        os._exit(70)
 
 
 def _finish(exit_code, namespace, before_exit=None):

@@ -73,8 +73,8 @@ pub struct Settings {
     /// Sandbox slots (a cgroup with a resident process) made at start-up, ahead of runs.
     #[arg(long, env = "SANDBOXD_READY_SANDBOXES")]
     pub ready_sandboxes: Option<usize>,
-    /// Pooled sandboxes kept ready per policy in use (Python started, the policy's
-    /// preload modules imported); 0 turns the pool off.
+    /// Template interpreters kept per policy in use (the policy's preload modules
+    /// imported; each forks a sandbox per run, one run at a time); 0 turns the pool off.
     #[arg(long, env = "SANDBOXD_POOL_SIZE")]
     pub pool_size: Option<usize>,
     /// Seconds that running runs get to finish at shutdown before they are killed.

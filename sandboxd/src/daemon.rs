@@ -88,8 +88,10 @@ async fn serve(config: Config) -> Result<(), Error> {
     }
     let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
     sandboxes.prewarm();
+    let library = if config.pool_size > 0 { pool_library() } else { None };
     let pool = Pool::new(
         sandboxes.clone(),
+        library,
         rootfs.path.clone(),
         sessions.policies().map(|p| (p.name.clone(), p.clone())).collect(),
         config.pool_size,
@@ -271,4 +273,26 @@ fn notify_systemd(state: &str) {
     if let Err(e) = sent {
         tracing::warn!(error = %e, "could not notify systemd");
     }
+}
+
+/// Where `libsandboxd.so` (built with the daemon; pooled templates load it to make
+/// each fork a sandbox of its own) is looked for: beside the executable (the build
+/// tree), then `../lib/sandboxd/` from it (`make install`).
+pub const POOL_LIBRARY: &str = "libsandboxd.so";
+
+fn pool_library() -> Option<std::fs::File> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let candidates = [dir.join(POOL_LIBRARY), dir.join("../lib/sandboxd").join(POOL_LIBRARY)];
+    for path in &candidates {
+        if let Ok(file) = std::fs::File::open(path) {
+            tracing::info!(path = %path.display(), "pool library");
+            return Some(file);
+        }
+    }
+    tracing::warn!(
+        looked_in = ?candidates,
+        "the pool is off: {POOL_LIBRARY} is missing (build it with `cargo build --release`, or install it with `make install`)"
+    );
+    None
 }

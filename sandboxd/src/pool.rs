@@ -1,55 +1,77 @@
-//! The pool: sandboxes made ahead of one-shot Python runs, their interpreter started
-//! and the policy's preload modules imported ([`isolate::Pooled`]).
+//! The pool: template interpreters made ahead of one-shot Python runs, the
+//! policy's preload modules imported ([`isolate::Template`]).
 //!
-//! A run takes one, the session's workspace is attached, the code is sent, and the
-//! sandbox is destroyed when the run ends: a pooled sandbox serves exactly one run.
-//! One background task refills the pool, one sandbox at a time, at the least CPU
-//! weight, so under load refills wait and runs fall back to cold sandboxes.
+//! A run takes an idle template, which forks; the fork enters a sandbox of its own
+//! (fresh namespaces, `/tmp`, `/proc`, privileges dropped, seccomp, Landlock —
+//! [`isolate::template`]), the session's workspace is attached to it, the code is
+//! sent, and when the run ends everything of the fork is killed. The template never
+//! runs user code: it only forks, one run at a time, and goes back to the pool.
+//! One background task makes templates, one at a time, at the least CPU weight, so
+//! under load runs fall back to cold sandboxes rather than wait.
 //!
-//! The protocol with `runner.py --pooled` on the program's stdin socket is JSON
-//! lines: the runner says `{"ready": true, "failed": [modules]}`, the daemon sends
-//! `{"code", "run_id", "autosave"}` once the workspace is attached, and the runner
-//! answers `{"exit_code": N}` after closing its output.
+//! The protocol with `runner.py --template` is JSON lines. On the template's stdin
+//! socket: it says `{"ready": true, "failed": [modules]}`; the daemon sends
+//! `{"run_id", "spec"}` with four fds (the library, the run's stdout and stderr, the
+//! run's socket); the template answers `{"reaped": pid}` when that fork is gone. On
+//! the run's socket: the fork says `{"entered": true}` (or `{"failed": …}`), the
+//! daemon sends `{"code", "run_id", "autosave"}` once the workspace is attached,
+//! and the run answers `{"exit_code": N}` after closing its output (or its outer
+//! process reports `{"signal": N}`).
 
-use crate::isolate::{self, Pooled, Sandboxes};
+use crate::isolate::spec::{ChildSpec, Event};
+use crate::isolate::{self, Sandboxes, Template};
 use crate::policy::Policy;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::Notify;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 /// How long a pooled interpreter may take to import its preload modules (at the
 /// least CPU weight, behind every run).
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a run waits, at most, for a busy template that should be back soon
+/// (see [`Pool::take`]) before it takes a cold sandbox.
+const WAIT_FOR_TEMPLATE: Duration = Duration::from_millis(100);
+/// A run this young in a template counts as "back soon": most runs are short.
+const SHORT_RUN: Duration = Duration::from_millis(50);
 /// How many host uids pooled sandboxes cycle through, above the sessions' range.
 const UID_SPAN: u32 = 256;
 
 /// Counters and sizes, for `GET /v1/health`.
 #[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
 pub struct Stats {
-    /// Pooled sandboxes kept ready per policy in use (0: the pool is off).
+    /// Template interpreters kept per policy in use (0: the pool is off); each
+    /// serves one run at a time.
     pub size_per_policy: usize,
-    /// Sandboxes ready now, all policies.
+    /// Templates idle now, all policies.
     pub ready: usize,
-    /// Ready sandboxes per policy.
+    /// Idle templates per policy.
     pub ready_by_policy: HashMap<String, usize>,
-    /// Runs served by a pooled sandbox.
+    /// Templates serving a run now.
+    pub busy: usize,
+    /// Runs served by a fork of a template.
     pub hits: u64,
-    /// Python runs that found none ready and used a cold sandbox.
+    /// Python runs that found no idle template and used a cold sandbox.
     pub misses: u64,
-    /// Pooled sandboxes that failed to start, or died before a run took them.
+    /// Templates that failed to start or to fork, or died idle.
     pub failures: u64,
-    /// Memory held by the ready sandboxes, bytes.
+    /// Memory held by the idle templates, bytes.
     pub memory_bytes: u64,
 }
 
 #[derive(Default)]
 struct State {
-    ready: HashMap<String, VecDeque<Pooled>>,
+    ready: HashMap<String, VecDeque<Template>>,
+    /// Templates serving a run, from take to give-back.
+    busy: HashMap<String, usize>,
+    /// Of those, when each run still running started.
+    running: HashMap<String, Vec<tokio::time::Instant>>,
+    /// Of those, the ones whose run is over: back within milliseconds.
+    recycling: HashMap<String, usize>,
     /// Policies the pool keeps sandboxes for, in the order they were first wanted.
     wanted: Vec<String>,
     hits: u64,
@@ -59,40 +81,61 @@ struct State {
     stopped: bool,
 }
 
+impl State {
+    /// The run that started at `at` in one of `policy`'s templates is over.
+    fn stop_running(&mut self, policy: &str, at: tokio::time::Instant) {
+        if let Some(runs) = self.running.get_mut(policy) {
+            if let Some(i) = runs.iter().position(|t| *t == at) {
+                runs.swap_remove(i);
+            }
+        }
+    }
+}
+
 pub struct Pool {
     sandboxes: Arc<Sandboxes>,
+    /// `libsandboxd.so`, handed to each template's fork ([`isolate::template`]).
+    library: Option<std::fs::File>,
     rootfs: PathBuf,
     policies: BTreeMap<String, Arc<Policy>>,
     size: usize,
-    /// Pooled sandboxes run as `uid_base + n` (n < UID_SPAN), not a session's uid:
-    /// the workspace is attached through an idmapped mount.
+    /// Templates (and their forks) run as `uid_base + n` (n < UID_SPAN), not a
+    /// session's uid: the workspace is attached through an idmapped mount.
     uid_base: u32,
     state: Mutex<State>,
+    /// Wakes the refill task.
     wake: Notify,
+    /// Wakes runs waiting for a busy template to come back.
+    returned: Notify,
     /// Cancelled at shutdown: a sandbox still importing is destroyed at once.
     stop: CancellationToken,
     refiller: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Pool {
-    /// A pool of `size` sandboxes per policy in use; it keeps the default policy's
+    /// A pool of `size` templates per policy in use; it keeps the default policy's
     /// from the start. `uid_base` is the first host uid above the sessions' range.
+    /// Without `library` there is no pool.
     pub fn new(
         sandboxes: Arc<Sandboxes>,
+        library: Option<std::fs::File>,
         rootfs: PathBuf,
         policies: BTreeMap<String, Arc<Policy>>,
         size: usize,
         uid_base: u32,
     ) -> Arc<Pool> {
+        let size = if library.is_some() { size } else { 0 };
         let state = State { wanted: vec!["default".into()], ..State::default() };
         let pool = Arc::new(Pool {
             sandboxes,
+            library,
             rootfs,
             policies,
             size,
             uid_base,
             state: Mutex::new(state),
             wake: Notify::new(),
+            returned: Notify::new(),
             stop: CancellationToken::new(),
             refiller: Mutex::new(None),
         });
@@ -107,37 +150,171 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A ready sandbox for `policy`, or None (the run then uses a cold one).
-    pub fn take(&self, policy: &str) -> Option<Pooled> {
+    /// An idle template for `policy`, and when it was taken; or None (the run then
+    /// uses a cold sandbox). When none is idle but one should be back soon (its run
+    /// is over, or started less than [`SHORT_RUN`] ago), waits up to
+    /// [`WAIT_FOR_TEMPLATE`] for one: a template is back within milliseconds of its
+    /// run, and a run it serves costs far less CPU than a cold sandbox, so under load
+    /// runs queue for templates instead of crowding the CPU with cold sandboxes. A
+    /// template busy with a long run is not waited for.
+    pub async fn take(&self, policy: &str) -> Option<(Template, tokio::time::Instant)> {
         if self.size == 0 {
             return None;
         }
+        let deadline = tokio::time::Instant::now() + WAIT_FOR_TEMPLATE;
+        loop {
+            let returned = self.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            let (taken, soon) = self.try_take(policy);
+            if taken.is_some() {
+                return taken;
+            }
+            if !soon || tokio::time::timeout_at(deadline, returned).await.is_err() {
+                self.lock().misses += 1;
+                return None;
+            }
+        }
+    }
+
+    /// An idle template now, or None and whether one should be back soon.
+    fn try_take(&self, policy: &str) -> (Option<(Template, tokio::time::Instant)>, bool) {
         let mut dead = vec![];
-        let taken = {
+        let now = tokio::time::Instant::now();
+        let (taken, soon) = {
             let mut st = self.lock();
             let mut taken = None;
-            while let Some(mut p) = st.ready.get_mut(policy).and_then(VecDeque::pop_front) {
-                if alive(&mut p) {
-                    taken = Some(p);
+            while let Some(mut t) = st.ready.get_mut(policy).and_then(VecDeque::pop_front) {
+                if alive(&mut t) {
+                    taken = Some(t);
                     break;
                 }
-                dead.push(p);
+                dead.push(t);
             }
             st.failures += dead.len() as u64;
-            match taken {
-                Some(_) => st.hits += 1,
-                None => st.misses += 1,
+            if taken.is_some() {
+                st.hits += 1;
+                *st.busy.entry(policy.into()).or_default() += 1;
+                st.running.entry(policy.into()).or_default().push(now);
             }
             if !st.wanted.iter().any(|w| w == policy) && self.policies.contains_key(policy) {
                 st.wanted.push(policy.into());
             }
-            taken
+            let soon = st.recycling.get(policy).is_some_and(|n| *n > 0)
+                || st.running.get(policy).is_some_and(|r| r.iter().any(|t| now.duration_since(*t) < SHORT_RUN));
+            (taken.map(|t| (t, now)), soon)
         };
-        for p in dead {
-            tokio::spawn(p.destroy());
+        for t in dead {
+            tokio::spawn(t.destroy());
         }
         self.wake.notify_one();
-        taken
+        (taken, soon)
+    }
+
+    /// Serve one run with `template` (from [`Pool::take`]): fork, attach the
+    /// workspace, send the code, supervise. `Err(Fallback)` when the run could not
+    /// start there, before any of its code ran: the caller uses a cold sandbox.
+    pub async fn serve(
+        self: &Arc<Self>,
+        (mut template, taken_at): (Template, tokio::time::Instant),
+        policy: &Arc<Policy>,
+        job: &Job<'_>,
+        bounds: &isolate::Bounds,
+        chunks: Option<mpsc::Sender<isolate::output::Chunk>>,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<Result<isolate::Outcome, isolate::Error>, Fallback> {
+        let oom_before = template.oom_kills();
+        let started = async {
+            let mut forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
+            template.attach(&forked, job.workspace, job.owner_uid).await?;
+            let mut line = serde_json::to_vec(&serde_json::json!({
+                "code": job.code,
+                "run_id": job.run_id,
+                "autosave": job.autosave,
+            }))
+            .map_err(|e| isolate::Error::Control(e.into()))?;
+            line.push(b'\n');
+            forked.program.write_all(&line).await.map_err(isolate::Error::Control)?;
+            Ok::<_, isolate::Error>(forked)
+        }
+        .await;
+        match started {
+            Ok(forked) => {
+                let outcome = template.finish(forked, bounds, chunks, cancel, done).await;
+                {
+                    let mut st = self.lock();
+                    *st.recycling.entry(policy.name.clone()).or_default() += 1;
+                    st.stop_running(&policy.name, taken_at);
+                }
+                let me = self.clone();
+                let policy = policy.clone();
+                tokio::spawn(async move {
+                    let back = match me.library.as_ref() {
+                        Some(library) => {
+                            template.recycle(oom_before, &fork_request(&me.rootfs, &policy), library).await
+                        }
+                        None => Err(isolate::Error::NoStatus),
+                    };
+                    if let Err(e) = &back {
+                        tracing::info!(policy = %policy.name, reason = %e, "a pooled template is replaced after its run");
+                    }
+                    me.give_back(&policy.name, back.ok(), true);
+                });
+                Ok(outcome)
+            }
+            Err(e) => {
+                // Whatever the fork made dies with the template.
+                template.destroy().await;
+                {
+                    let mut st = self.lock();
+                    st.failures += 1;
+                    st.stop_running(&policy.name, taken_at);
+                }
+                self.give_back(&policy.name, None, false);
+                Err(Fallback(e))
+            }
+        }
+    }
+
+    /// Have `template` fork ahead of its first run (destroyed if it cannot).
+    async fn prepare(&self, mut template: Template, policy: &Policy) -> Result<Template, String> {
+        let Some(library) = self.library.as_ref() else { return Err("no pool library".into()) };
+        match template.prepare(&fork_request(&self.rootfs, policy), library).await {
+            Ok(()) => Ok(template),
+            Err(e) => {
+                template.destroy().await;
+                Err(format!("its first fork failed: {e}"))
+            }
+        }
+    }
+
+    /// A template is done with its run (`recycled`: after it ran): idle again, or
+    /// gone (`None`).
+    fn give_back(&self, policy: &str, template: Option<Template>, recycled: bool) {
+        let unwanted = {
+            let mut st = self.lock();
+            let decrement = |counts: &mut HashMap<String, usize>| {
+                if let Some(n) = counts.get_mut(policy) {
+                    *n = n.saturating_sub(1);
+                }
+            };
+            decrement(&mut st.busy);
+            if recycled {
+                decrement(&mut st.recycling);
+            }
+            match template {
+                Some(t) if !st.stopped => {
+                    st.ready.entry(policy.into()).or_default().push_back(t);
+                    None
+                }
+                other => other,
+            }
+        };
+        if let Some(t) = unwanted {
+            tokio::spawn(t.destroy());
+        }
+        self.wake.notify_one();
+        self.returned.notify_waiters();
     }
 
     pub fn stats(&self) -> Stats {
@@ -146,10 +323,11 @@ impl Pool {
             size_per_policy: self.size,
             ready: st.ready.values().map(VecDeque::len).sum(),
             ready_by_policy: st.ready.iter().map(|(k, v)| (k.clone(), v.len())).collect(),
+            busy: st.busy.values().sum(),
             hits: st.hits,
             misses: st.misses,
             failures: st.failures,
-            memory_bytes: st.ready.values().flatten().filter_map(Pooled::memory_bytes).sum(),
+            memory_bytes: st.ready.values().flatten().filter_map(Template::memory_bytes).sum(),
         }
     }
 
@@ -161,19 +339,20 @@ impl Pool {
         if let Some(task) = refiller {
             let _ = task.await;
         }
-        let all: Vec<Pooled> = self.lock().ready.drain().flat_map(|(_, v)| v).collect();
+        let all: Vec<Template> = self.lock().ready.drain().flat_map(|(_, v)| v).collect();
         for p in all {
             p.destroy().await;
         }
     }
 
-    /// The policy that is short of ready sandboxes, if any, and a uid for the next one.
+    /// The policy that is short of templates, if any, and a uid for the next one.
     fn next_job(&self) -> Option<(Arc<Policy>, u32)> {
         let mut st = self.lock();
         if st.stopped {
             return None;
         }
-        let short = st.wanted.iter().find(|w| st.ready.get(*w).map_or(0, VecDeque::len) < self.size)?.clone();
+        let count = |w: &String| st.ready.get(w).map_or(0, VecDeque::len) + st.busy.get(w).copied().unwrap_or(0);
+        let short = st.wanted.iter().find(|w| count(w) < self.size)?.clone();
         let policy = self.policies.get(&short)?.clone();
         let uid = self.uid_base + st.next_uid % UID_SPAN;
         st.next_uid = st.next_uid.wrapping_add(1);
@@ -220,19 +399,20 @@ impl Pool {
         }
     }
 
-    /// Start one pooled sandbox and wait until its interpreter has its imports.
-    async fn start(&self, policy: &Policy, uid: u32) -> Result<Pooled, String> {
+    /// Start one template and wait until its interpreter has its imports.
+    async fn start(&self, policy: &Policy, uid: u32) -> Result<Template, String> {
         let argv = vec![
             "/opt/py/bin/python".to_string(),
             "/opt/sandboxd/runner.py".to_string(),
-            "--pooled".to_string(),
+            "--template".to_string(),
             policy.preload.join(","),
         ];
-        let spec = crate::run::sandbox_spec(&self.rootfs, None, uid, policy, argv, None);
+        let mut spec = crate::run::sandbox_spec(&self.rootfs, None, uid, policy, argv, None);
+        spec.template = true;
         let limits = crate::run::cgroup_limits(policy);
-        let mut pooled = self.sandboxes.start_pooled(&spec, &limits).await.map_err(|e| e.to_string())?;
+        let mut template = self.sandboxes.start_template(&spec, &limits).await.map_err(|e| e.to_string())?;
         let ready = tokio::select! {
-            r = tokio::time::timeout(READY_TIMEOUT, read_message(&mut pooled.program)) => r,
+            r = tokio::time::timeout(READY_TIMEOUT, isolate::read_message(&mut template.program)) => r,
             _ = self.stop.cancelled() => Ok(None),
         };
         match ready {
@@ -240,10 +420,10 @@ impl Pool {
                 if let Some(failed) = msg.get("failed").and_then(|v| v.as_array()).filter(|a| !a.is_empty()) {
                     tracing::warn!(policy = %policy.name, ?failed, "preload modules that could not be imported (fix the policy's `preload`)");
                 }
-                Ok(pooled)
+                self.prepare(template, policy).await
             }
             other => {
-                pooled.destroy().await;
+                template.destroy().await;
                 Err(match other {
                     Err(_) => format!("its imports took longer than {} s", READY_TIMEOUT.as_secs()),
                     Ok(_) => "the interpreter ended before it was ready".into(),
@@ -253,25 +433,26 @@ impl Pool {
     }
 }
 
-/// Has the pooled program kept quiet, its socket open? (Anything to read, or the
-/// end of the stream, means it died or misbehaved.)
-fn alive(p: &mut Pooled) -> bool {
+/// What a template's fork is told: the sizes and limits of `policy`.
+fn fork_request(rootfs: &std::path::Path, policy: &Policy) -> serde_json::Value {
+    let spec = crate::run::sandbox_spec(rootfs, None, 0, policy, vec![], None);
+    let child =
+        ChildSpec { tmp_size_bytes: spec.tmp_size_bytes, shm_size_bytes: spec.shm_size_bytes, rlimits: spec.rlimits };
+    serde_json::json!({ "spec": child })
+}
+
+/// A run that could not start in a template (nothing of it ran).
+#[derive(Debug)]
+pub struct Fallback(pub isolate::Error);
+
+/// Has the template kept quiet, its socket open? (Anything to read, or the end of
+/// the stream, means it died or misbehaved.) Its prepared fork is checked when taken.
+fn alive(t: &mut Template) -> bool {
     let mut byte = [0u8; 1];
-    matches!(p.program.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    matches!(t.program.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
-/// One JSON line from the program. The runner writes nothing after a message until
-/// it gets an answer, so reading through a buffer loses nothing.
-async fn read_message(stream: &mut tokio::net::UnixStream) -> Option<serde_json::Value> {
-    let mut line = String::new();
-    let mut reader = BufReader::new(stream.take(64 * 1024));
-    match reader.read_line(&mut line).await {
-        Ok(n) if n > 0 => serde_json::from_str(&line).ok(),
-        _ => None,
-    }
-}
-
-/// What a pooled run needs besides its sandbox.
+/// What a pooled run needs besides its template.
 pub struct Job<'a> {
     pub workspace: &'a std::path::Path,
     pub owner_uid: u32,
@@ -280,23 +461,18 @@ pub struct Job<'a> {
     pub autosave: bool,
 }
 
-/// Attach the workspace and hand the code to the pooled interpreter.
-pub async fn send(pooled: &mut Pooled, job: &Job<'_>) -> Result<(), isolate::Error> {
-    pooled.attach(job.workspace, job.owner_uid).await?;
-    let mut line = serde_json::to_vec(&serde_json::json!({
-        "code": job.code,
-        "run_id": job.run_id,
-        "autosave": job.autosave,
-    }))
-    .map_err(|e| isolate::Error::Control(e.into()))?;
-    line.push(b'\n');
-    pooled.program.write_all(&line).await.map_err(isolate::Error::Control)
-}
-
-/// Resolves to the exit code the runner reports when the run is over.
+/// Resolves to how the run ended: the run's own report, or its outer process's.
 pub fn done(mut stream: tokio::net::UnixStream) -> isolate::Done {
     Box::pin(async move {
-        let msg = read_message(&mut stream).await?;
-        msg.get("exit_code")?.as_i64().map(|c| c as i32)
+        let msg = isolate::read_message(&mut stream).await?;
+        if let Some(code) = msg.get("exit_code").and_then(|c| c.as_i64()) {
+            return Some(Event::Exited { code: code as i32 });
+        }
+        if let Some(signal) = msg.get("signal").and_then(|c| c.as_i64()) {
+            return Some(Event::Signaled { signal: signal as i32 });
+        }
+        let failed = msg.get("failed")?;
+        let text = |k: &str| failed.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        Some(Event::SetupFailed { step: text("step"), error: text("error") })
     })
 }

@@ -166,6 +166,7 @@ pub fn sandbox_spec(
         rlimits: spec::Rlimits { file_size_bytes: policy.file_size_mb * 1024 * 1024, open_files: policy.open_files },
         hostname: "sandbox".into(),
         control_dir: None,
+        template: false,
     }
 }
 
@@ -236,21 +237,28 @@ pub async fn execute(
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = %req.code, "run code");
     let pooled = match req.language {
-        Language::Python => ctx.pool.take(&policy.name),
+        Language::Python => ctx.pool.take(&policy.name).await,
         Language::Shell => None,
     };
     let job =
         pool::Job { workspace: &lease.workspace, owner_uid: lease.uid, code: &req.code, run_id: &run_id, autosave };
-    let outcome = match pooled {
-        Some(mut pooled) => match pool::send(&mut pooled, &job).await {
-            Ok(()) => pooled.finish(&run.bounds(), chunks, lease.cancel.clone(), pool::done).await,
-            Err(e) => {
-                // Nothing ran yet: a cold sandbox takes the run instead.
-                tracing::warn!(run_id = %run_id, error = %e, "a pooled sandbox could not take the run; using a cold one");
-                tokio::spawn(pooled.destroy());
-                ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await
+    let served = match pooled {
+        Some(template) => {
+            let served =
+                ctx.pool.serve(template, policy, &job, &run.bounds(), chunks.clone(), lease.cancel.clone()).await;
+            match served {
+                Ok(outcome) => Some(outcome),
+                Err(pool::Fallback(e)) => {
+                    // Nothing ran yet: a cold sandbox takes the run instead.
+                    tracing::warn!(run_id = %run_id, error = %e, "a pooled template could not take the run; using a cold sandbox");
+                    None
+                }
             }
-        },
+        }
+        None => None,
+    };
+    let outcome = match served {
+        Some(outcome) => outcome,
         None => ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await,
     };
     let outcome = outcome.map_err(|e| match e {

@@ -141,7 +141,7 @@ pub struct Health {
     pub landlock_abi: i32,
     pub sessions: usize,
     pub busy_sessions: usize,
-    /// Pooled sandboxes for one-shot Python runs.
+    /// Template interpreters for one-shot Python runs.
     pub pool: crate::pool::Stats,
 }
 

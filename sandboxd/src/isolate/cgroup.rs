@@ -356,17 +356,21 @@ impl RunCgroup {
         let _ = fs::write(self.memory.join(file), "0");
     }
 
-    /// SIGKILL every process in the cgroup but `keep` (the slot process itself).
-    pub fn kill_except(&self, keep: Option<u32>) {
+    /// The processes in the cgroup now.
+    pub fn pids(&self) -> Vec<i32> {
         let procs = match self.version {
             Version::V2 => self.memory.join("cgroup.procs"),
             Version::V1 => self.pids.join("cgroup.procs"),
         };
+        let text = fs::read_to_string(procs).unwrap_or_default();
+        text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+    }
+
+    /// SIGKILL every process in the cgroup but `keep` (the slot process itself).
+    pub fn kill_except(&self, keep: Option<u32>) {
         // Usually only the run's helper is still there, a moment from gone: poll fast.
         for _ in 0..2000 {
-            let text = fs::read_to_string(&procs).unwrap_or_default();
-            let pids: Vec<i32> =
-                text.lines().filter_map(|l| l.trim().parse().ok()).filter(|p| Some(*p as u32) != keep).collect();
+            let pids: Vec<i32> = self.pids().into_iter().filter(|p| Some(*p as u32) != keep).collect();
             if pids.is_empty() {
                 return;
             }

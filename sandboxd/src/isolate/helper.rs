@@ -109,7 +109,7 @@ fn supervise(
     namespaces::write_id_maps(child, spec.host_uid, spec.host_gid)
         .map_err(Failure::at("write id maps"))
         .map_err(ends)?;
-    // A pooled sandbox's mount namespace, for the workspace attached later.
+    // A pooled sandbox's mount namespace, for workspaces attached later.
     let sandbox_ns = match spec.workspace {
         Some(_) => None,
         None => Some(
@@ -123,10 +123,6 @@ fn supervise(
     let mut go = File::from(go);
     go.write_all(b"g").map_err(Failure::at("release init")).map_err(ends)?;
     control.send(&Event::Started { init_pid: child.as_raw() });
-    if let Some(ns) = sandbox_ns {
-        attach(spec, &ns, requests).map_err(ends)?;
-        control.send(&Event::Attached);
-    }
 
     // Our copies of the output pipes must not keep them open: only the sandbox's.
     let devnull = File::options().write(true).open("/dev/null").map_err(Failure::at("open /dev/null"))?;
@@ -134,6 +130,9 @@ fn supervise(
         use std::os::fd::AsRawFd;
         // SAFETY: replaces our stdout/stderr with /dev/null; both are ours.
         unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
+    }
+    if let Some(ns) = sandbox_ns {
+        serve_attaches(spec, &ns, requests, &report, control).map_err(ends)?;
     }
 
     let mut text = String::new();
@@ -167,21 +166,73 @@ fn supervise(
     Ok(())
 }
 
-/// Wait for the daemon's [`Attach`] and mount that workspace in the sandbox. The
-/// daemon sends it only once the program said it is ready, so the init has long
-/// finished building the sandbox's filesystem.
-fn attach(spec: &SandboxSpec, sandbox_ns: &File, mut requests: BufReader<UnixStream>) -> Result<(), Failure> {
+/// Mount workspaces for the daemon ([`Attach`], answered by [`Event::Attached`]),
+/// one per run a template's fork serves, until the init ends (its report pipe
+/// turns readable) or the daemon hangs up. The daemon asks only once the run's
+/// process said it is ready, so its filesystem is built by then.
+fn serve_attaches(
+    spec: &SandboxSpec,
+    sandbox_ns: &File,
+    mut requests: BufReader<UnixStream>,
+    report: &OwnedFd,
+    control: &mut Control,
+) -> Result<(), Failure> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
-    let mut line = String::new();
-    requests.read_line(&mut line).map_err(Failure::at("read attach"))?;
-    if line.is_empty() {
-        return Err(Failure { step: "read attach", error: "the daemon closed the control socket".into() });
+    // Idmap namespaces by owner: making one costs a process; a session's runs reuse it.
+    let mut idmaps: std::collections::HashMap<(u32, u32), OwnedFd> = Default::default();
+    loop {
+        if !requests.buffer().contains(&b'\n') {
+            let mut fds = [
+                PollFd::new(requests.get_ref().as_fd(), PollFlags::POLLIN),
+                PollFd::new(report.as_fd(), PollFlags::POLLIN),
+            ];
+            if poll(&mut fds, PollTimeout::NONE).is_err() {
+                continue;
+            }
+            if fds[1].any().unwrap_or(true) {
+                return Ok(());
+            }
+        }
+        let mut line = String::new();
+        if requests.read_line(&mut line).map_err(Failure::at("read attach"))? == 0 {
+            return Ok(());
+        }
+        let req: Attach = serde_json::from_str(&line).map_err(Failure::at("parse attach"))?;
+        if idmaps.len() >= 64 {
+            idmaps.clear();
+        }
+        let owner = (req.owner_uid, req.owner_gid);
+        let userns = match idmaps.remove(&owner) {
+            Some(fd) => fd,
+            // SAFETY: the helper is single-threaded.
+            None => unsafe { namespaces::idmap_userns((owner.0, spec.host_uid), (owner.1, spec.host_gid)) }
+                .map_err(Failure::at("idmap user namespace"))?,
+        };
+        attach(sandbox_ns, &req, &userns)?;
+        idmaps.insert(owner, userns);
+        control.send(&Event::Attached);
     }
-    let req: Attach = serde_json::from_str(&line).map_err(Failure::at("parse attach"))?;
+}
+
+/// Mount `req`'s workspace at `/mnt/data` in the sandbox, or in the mount
+/// namespace of `req.pid`, which must be one of this sandbox's processes, with the
+/// idmap of `userns`.
+fn attach(sandbox_ns: &File, req: &Attach, userns: &OwnedFd) -> Result<(), Failure> {
+    use std::os::fd::AsFd;
+    let run_ns = match req.pid {
+        Some(pid) => {
+            let ours = std::fs::read_to_string("/proc/self/cgroup").map_err(Failure::at("read our cgroup"))?;
+            let theirs = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(Failure::at("find the run"))?;
+            if ours != theirs {
+                return Err(Failure { step: "attach workspace", error: format!("pid {pid} is not in this sandbox") });
+            }
+            Some(File::open(format!("/proc/{pid}/ns/mnt")).map_err(Failure::at("open the run's mount namespace"))?)
+        }
+        None => None,
+    };
     let host_ns = File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
-    // SAFETY: the helper is single-threaded.
-    let userns = unsafe { namespaces::idmap_userns((req.owner_uid, spec.host_uid), (req.owner_gid, spec.host_gid)) }
-        .map_err(Failure::at("idmap user namespace"))?;
-    mounts::attach_workspace(&req.workspace, userns.as_fd(), sandbox_ns.as_fd(), host_ns.as_fd())
+    let target = run_ns.as_ref().unwrap_or(sandbox_ns);
+    mounts::attach_workspace(&req.workspace, userns.as_fd(), target.as_fd(), host_ns.as_fd())
         .map_err(Failure::at("attach workspace"))
 }

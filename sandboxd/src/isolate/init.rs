@@ -13,7 +13,7 @@
 
 use super::helper::Failure;
 use super::mounts::{self, Layout};
-use super::spec::{Event, SandboxSpec, SANDBOX_GID, SANDBOX_UID};
+use super::spec::{Event, Rlimits, SandboxSpec, SANDBOX_GID, SANDBOX_UID};
 use super::{caps, landlock, namespaces, rlimits, seccomp};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -82,8 +82,40 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     mounts::apply(&plan).map_err(Failure::at("mounts"))?;
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;
     namespaces::loopback_up().map_err(Failure::at("loopback"))?;
-    let filter = seccomp::program().map_err(Failure::at("seccomp"))?;
+    match lock_down_and_fork(&spec.rlimits, !spec.template, report, &go)? {
+        Role::Init(line) => Ok(line),
+        Role::Program(mut err_w) => {
+            if let Err(f) = exec_program(spec, stdin) {
+                let _ = err_w.write_all(failure_line(&f).as_bytes());
+            }
+            // SAFETY: leave the failed child at once, without destructors.
+            unsafe { libc::_exit(127) }
+        }
+    }
+}
 
+/// Which side of [`lock_down_and_fork`] returned.
+pub(super) enum Role {
+    /// The init, once the program ended: the report line for the helper.
+    Init(String),
+    /// The program's process, locked down; a failure from here on is written to
+    /// the pipe, whose other end the init reads until it closes (at exec, or when
+    /// the process closes it).
+    Program(File),
+}
+
+/// In the init, with its filesystem built: drop every privilege, install the
+/// seccomp filter (when `seccomp`; a template's interpreter gets its filter in each
+/// fork instead), fork the program's process, which inherits both and sets its own
+/// session, rlimits and Landlock, then supervise it. `parent` reads end-of-file
+/// when whoever started the init is gone.
+pub(super) fn lock_down_and_fork(
+    rlimits: &Rlimits,
+    seccomp: bool,
+    report: &mut File,
+    parent: &File,
+) -> Result<Role, Failure> {
+    let filter = seccomp::program().map_err(Failure::at("seccomp"))?;
     let mut blocked = SigSet::empty();
     blocked.add(Signal::SIGCHLD);
     for s in FORWARDED {
@@ -97,25 +129,28 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     // millisecond, so it is not loaded twice).
     caps::drop_all().map_err(Failure::at("drop privileges"))?;
     // Changing credentials cleared the parent-death signal: set it again. The pipe
-    // from the helper covers the moments in between: it reads end-of-file as soon
-    // as the helper is gone, whenever that happened.
+    // from the parent covers the moments in between: it reads end-of-file as soon
+    // as the parent is gone, whenever that happened.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
-    seccomp::apply(&filter).map_err(Failure::at("seccomp"))?;
-    // SAFETY: the init is single-threaded (it was cloned from the single-threaded
-    // helper and started no thread), so the child may run arbitrary code.
+    if seccomp {
+        seccomp::apply(&filter).map_err(Failure::at("seccomp"))?;
+    }
+    // SAFETY: the init is single-threaded (it was cloned or forked from a
+    // single-threaded process and started no thread), so the child may run
+    // arbitrary code.
     let child = match unsafe { fork() }.map_err(Failure::at("fork"))? {
         ForkResult::Child => {
             drop(err_r);
             let mut err_w = File::from(err_w);
-            if let Err(f) = exec_program(spec, stdin, &mut err_w) {
+            if let Err(f) = program_setup(rlimits, seccomp, &mut err_w) {
                 let _ = err_w.write_all(failure_line(&f).as_bytes());
+                // SAFETY: leave the failed child at once, without destructors.
+                unsafe { libc::_exit(127) }
             }
-            // SAFETY: leave the failed child at once, without destructors.
-            unsafe { libc::_exit(127) }
+            return Ok(Role::Program(err_w));
         }
         ForkResult::Parent { child } => child,
     };
-    drop(stdin);
     drop(err_w);
     let mut text = String::new();
     let _ = File::from(err_r).read_to_string(&mut text);
@@ -124,7 +159,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
             Some(Event::SetupFailed { step, error }) => {
                 let _ = kill(child, Signal::SIGKILL);
                 let _ = waitpid(child, None);
-                return Ok(format!("F {step}\t{error}\n"));
+                return Ok(Role::Init(format!("F {step}\t{error}\n")));
             }
             Some(Event::Warning { message }) => {
                 let _ = report.write_all(format!("W {message}\n").as_bytes());
@@ -142,12 +177,37 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     }
     let signals = nix::sys::signalfd::SignalFd::with_flags(&blocked, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
         .map_err(Failure::at("signalfd"))?;
-    Ok(reap_until_exit(child, &signals, &go))
+    Ok(Role::Init(reap_until_exit(child, &signals, parent)))
+}
+
+/// In the program's process, which has no privilege left and the init's seccomp
+/// filter: its own session, limits and Landlock (not for a template's interpreter:
+/// each of its forks applies its own).
+fn program_setup(rlimits: &Rlimits, landlock: bool, err_w: &mut File) -> Result<(), Failure> {
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(Failure::at("sigprocmask"))?;
+    nix::unistd::setsid().map_err(Failure::at("setsid"))?;
+    rlimits::apply(rlimits).map_err(Failure::at("rlimits"))?;
+    if !landlock {
+        return Ok(());
+    }
+    match landlock::apply().map_err(Failure::at("landlock"))? {
+        landlock::Enforcement::Full => {}
+        other => {
+            let _ = writeln!(
+                err_w,
+                "W landlock is {} on this kernel (ABI {}); the sandbox relies on the mount namespace and seccomp alone for what it lacks",
+                if other == landlock::Enforcement::None { "unavailable" } else { "only partly enforced" },
+                landlock::kernel_abi()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Wait for the program to end, reaping orphans and forwarding signals meanwhile.
 /// If the helper dies first, end at once: the kernel then kills the whole sandbox.
-fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &File) -> String {
+pub(super) fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &File) -> String {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     loop {
@@ -177,29 +237,13 @@ fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &
     }
 }
 
-/// In the program's process, which has no privilege left and the init's seccomp
-/// filter: its own session, stdin, limits, Landlock, exec.
-fn exec_program(spec: &SandboxSpec, stdin: Option<OwnedFd>, err_w: &mut File) -> Result<(), Failure> {
-    nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
-        .map_err(Failure::at("sigprocmask"))?;
-    nix::unistd::setsid().map_err(Failure::at("setsid"))?;
+/// The cold program's stdin and working directory, then exec.
+fn exec_program(spec: &SandboxSpec, stdin: Option<OwnedFd>) -> Result<(), Failure> {
     match stdin {
         Some(fd) => dup_stdin(&fd)?,
         None => setup_stdin(spec.stdin.as_deref())?,
     }
     nix::unistd::chdir("/mnt/data").map_err(Failure::at("chdir /mnt/data"))?;
-    rlimits::apply(&spec.rlimits).map_err(Failure::at("rlimits"))?;
-    match landlock::apply().map_err(Failure::at("landlock"))? {
-        landlock::Enforcement::Full => {}
-        other => {
-            let _ = writeln!(
-                err_w,
-                "W landlock is {} on this kernel (ABI {}); the sandbox relies on the mount namespace and seccomp alone for what it lacks",
-                if other == landlock::Enforcement::None { "unavailable" } else { "only partly enforced" },
-                landlock::kernel_abi()
-            );
-        }
-    }
     // Every fd but 0-2 closes at exec.
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our own fds.
     if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {

@@ -6,6 +6,9 @@
 //! wall-clock limit (SIGTERM, a grace period, then SIGKILL to the whole tree), and
 //! turns what the helper reports into an [`Outcome`].
 //!
+//! A pooled run instead takes a [`Template`]: a sandbox whose interpreter forks once
+//! per run, each fork entering a sandbox of its own ([`template`]).
+//!
 //! One file per mechanism: [`namespaces`], [`mounts`], [`cgroup`], [`caps`],
 //! [`rlimits`], [`landlock`], [`seccomp`]; [`init`] is pid 1 inside the sandbox.
 
@@ -21,6 +24,7 @@ pub mod rlimits;
 pub mod seccomp;
 pub mod slot;
 pub mod spec;
+pub mod template;
 
 use output::{Captured, Chunk, StreamKind};
 use spec::{Event, SandboxSpec};
@@ -220,13 +224,16 @@ impl Sandboxes {
         self.give_back(slot).await;
     }
 
-    /// Start a pooled sandbox: built without its workspace, its program started with
-    /// a socket as stdin ([`Pooled::program`]), at the least CPU weight until a run
-    /// takes it. `spec.workspace` must be `None`.
-    pub async fn start_pooled(self: &Arc<Self>, spec: &SandboxSpec, limits: &cgroup::Limits) -> Result<Pooled, Error> {
+    /// Start a pooled sandbox: built without a workspace, its program (a template
+    /// interpreter, [`template`]) started with a socket as stdin
+    /// ([`Template::program`]), at the least CPU weight while it imports.
+    /// `spec.workspace` must be `None` and `spec.template` true.
+    pub async fn start_template(
+        self: &Arc<Self>,
+        spec: &SandboxSpec,
+        limits: &cgroup::Limits,
+    ) -> Result<Template, Error> {
         let slot = self.take().await?;
-        let oom_before = slot.cg.oom_kills();
-        slot.cg.reset_peak();
         let launched = async {
             slot.cg.set_limits(limits)?;
             slot.cg.set_idle(true)?;
@@ -236,10 +243,15 @@ impl Sandboxes {
             let program = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?;
             let waited = tokio::time::timeout(Duration::from_secs(60), sandbox.wait_started()).await;
             waited.map_err(|_| Error::Setup { step: "start".into(), error: "no init within 60 s".into() })??;
+            // The template's own output goes nowhere: each run has its own pipes.
+            sandbox.stdout = None;
+            sandbox.stderr = None;
             Ok::<_, Error>((sandbox, program))
         };
         match launched.await {
-            Ok((sandbox, program)) => Ok(Pooled { sandboxes: self.clone(), slot, sandbox, program, oom_before }),
+            Ok((sandbox, program)) => {
+                Ok(Template { sandboxes: self.clone(), slot, sandbox, program, python_pid: None, prepared: None })
+            }
             Err(e) => {
                 self.release(slot).await;
                 Err(e)
@@ -248,32 +260,158 @@ impl Sandboxes {
     }
 }
 
-/// A sandbox started ahead of its run, its program waiting on [`Pooled::program`].
-pub struct Pooled {
+/// A pooled sandbox whose interpreter has imported the policy's preload modules and
+/// forks once per run; each fork enters a sandbox of its own ([`template`]).
+pub struct Template {
     sandboxes: Arc<Sandboxes>,
     slot: slot::Slot,
     sandbox: Launched,
-    /// The daemon's end of the program's stdin socket.
+    /// The daemon's end of the template's stdin socket.
     pub program: tokio::net::UnixStream,
-    oom_before: u64,
+    /// Host pid of the template's interpreter, once looked up.
+    python_pid: Option<i32>,
+    /// The fork made ahead of the next run ([`Template::prepare`]).
+    prepared: Option<Forked>,
 }
 
-/// Resolves to the exit code a pooled program reports itself (None: it did not).
-pub type Done = std::pin::Pin<Box<dyn std::future::Future<Output = Option<i32>> + Send>>;
+/// Resolves to how a run ended when its processes report it themselves (None: the
+/// run's socket closed without a word).
+pub type Done = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Event>> + Send>>;
 
-impl Pooled {
+/// A template's fork, in its own namespaces, waiting for its code.
+pub struct Forked {
+    /// The daemon's end of the run's socket.
+    pub program: tokio::net::UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    /// Host pids: the fork that stayed in the template's namespaces, and the
+    /// run's init (pid 1 of its namespace).
+    outer_pid: i32,
+    init_pid: i32,
+    /// Host pid of the run's own process.
+    program_pid: i32,
+}
+
+/// A fork requested, not yet known to be in its namespaces.
+struct PendingFork {
+    program: tokio::net::UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// The host pids of `pid`'s children (its main thread's).
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+impl Template {
     /// Memory the sandbox holds now.
     pub fn memory_bytes(&self) -> Option<u64> {
         self.slot.cg.memory_current()
     }
 
+    /// Host pid of the template's interpreter: the init's only child.
+    fn python_pid(&mut self) -> Result<i32, Error> {
+        if let Some(pid) = self.python_pid {
+            return Ok(pid);
+        }
+        let init = self.sandbox.init_pid.ok_or(Error::NoStatus)?;
+        let pid = children(init).first().copied().ok_or(Error::NoStatus)?;
+        self.python_pid = Some(pid);
+        Ok(pid)
+    }
+
+    /// Fork ahead of the next run: see [`Template::fork`]. Taken by [`Template::take_prepared`].
+    pub async fn prepare(&mut self, request: &serde_json::Value, library: &std::fs::File) -> Result<(), Error> {
+        let forked = self.fork(request, library).await?;
+        self.prepared = Some(forked);
+        Ok(())
+    }
+
+    /// The fork made ahead of this run, if it is still there.
+    pub fn take_prepared(&mut self) -> Option<Forked> {
+        let forked = self.prepared.take()?;
+        let mut byte = [0u8; 1];
+        // Quiet, its socket open: alive and waiting.
+        match forked.program.try_read(&mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Some(forked),
+            _ => None,
+        }
+    }
+
+    /// Have the template fork for one run, sending it `request` (JSON) with the
+    /// library, the run's output pipes and its socket, and wait until the fork is
+    /// in its own namespaces.
+    async fn fork(&mut self, request: &serde_json::Value, library: &std::fs::File) -> Result<Forked, Error> {
+        let pending = self.request_fork(request, library).await?;
+        self.await_fork(pending).await
+    }
+
+    /// Send the fork request; the template forks at once.
+    async fn request_fork(
+        &mut self,
+        request: &serde_json::Value,
+        library: &std::fs::File,
+    ) -> Result<PendingFork, Error> {
+        use std::os::fd::AsRawFd;
+        // Forking ahead of a run waits behind everything else on the machine (the
+        // answer to the run just finished, first of all); the run gets full weight.
+        self.slot.cg.set_idle(true)?;
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Control(e.into()));
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Control)?;
+        ours.set_nonblocking(true).map_err(Error::Control)?;
+        let mut line = serde_json::to_vec(request).map_err(|e| Error::Control(e.into()))?;
+        line.push(b'\n');
+        let fds = [library.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd(), theirs.as_raw_fd()];
+        send_with_fds(&self.program, &line, &fds).await?;
+        let program = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?;
+        Ok(PendingFork { program, stdout: out_r, stderr: err_r })
+    }
+
+    /// Wait until the fork says it is in its own namespaces; find its host pids.
+    async fn await_fork(&mut self, pending: PendingFork) -> Result<Forked, Error> {
+        let PendingFork { mut program, stdout, stderr } = pending;
+        let first = tokio::time::timeout(Duration::from_secs(10), read_message(&mut program)).await;
+        match first {
+            Ok(Some(msg)) if msg.get("entered").and_then(|v| v.as_bool()) == Some(true) => {}
+            Ok(Some(msg)) => {
+                let step = msg.pointer("/failed/step").and_then(|v| v.as_str()).unwrap_or("fork").to_string();
+                let error = msg.pointer("/failed/error").and_then(|v| v.as_str()).unwrap_or("no reason").to_string();
+                return Err(Error::Setup { step, error });
+            }
+            Ok(None) => return Err(Error::Setup { step: "fork".into(), error: "the template's fork ended".into() }),
+            Err(_) => return Err(Error::Setup { step: "fork".into(), error: "no fork within 10 s".into() }),
+        }
+        let python = self.python_pid()?;
+        // The template's only fork still running: the others were reaped, or are
+        // being torn down (their outer process has no child left).
+        let outer_pid = children(python)
+            .into_iter()
+            .find(|p| !children(*p).is_empty())
+            .ok_or(Error::Setup { step: "fork".into(), error: "the fork is not there".into() })?;
+        let init_pid = children(outer_pid).first().copied().ok_or(Error::NoStatus)?;
+        let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
+        Ok(Forked { program, stdout, stderr, outer_pid, init_pid, program_pid })
+    }
+
     /// Mount the session's workspace (owned by `owner` on the host) at `/mnt/data`
-    /// and give the sandbox its full CPU weight. Only once the program said it is
-    /// ready: the sandbox's filesystem is built by then.
-    pub async fn attach(&mut self, workspace: &std::path::Path, owner: u32) -> Result<(), Error> {
+    /// in the fork's mount namespace.
+    pub async fn attach(&mut self, forked: &Forked, workspace: &std::path::Path, owner: u32) -> Result<(), Error> {
+        let req = spec::Attach {
+            pid: Some(forked.outer_pid),
+            workspace: workspace.into(),
+            owner_uid: owner,
+            owner_gid: owner,
+        };
         self.slot.cg.set_idle(false)?;
-        let req = spec::Attach { workspace: workspace.into(), owner_uid: owner, owner_gid: owner };
-        send_line(&mut self.sandbox.control, &req).await?;
+        let control = self.sandbox.control.as_mut().ok_or(Error::NoStatus)?;
+        send_line(control, &req).await?;
         loop {
             match self.sandbox.next_event().await? {
                 Event::Attached => return Ok(()),
@@ -283,35 +421,125 @@ impl Pooled {
         }
     }
 
-    /// Supervise the run the program was just sent, as [`Sandboxes::run`] does.
-    /// `done`, given the program's socket, resolves to the exit code when the
-    /// program reports one itself, which ends the run at once (the rest of the
-    /// sandbox is then killed).
+    /// Supervise the run the fork was just sent, as [`Sandboxes::run`] does; `done`,
+    /// given the run's socket, resolves to how it ended. The run's processes are
+    /// all killed before this returns.
     pub async fn finish(
-        self,
+        &mut self,
+        forked: Forked,
         bounds: &Bounds,
         chunks: Option<mpsc::Sender<Chunk>>,
         mut cancel: watch::Receiver<bool>,
         done: impl FnOnce(tokio::net::UnixStream) -> Done,
     ) -> Result<Outcome, Error> {
-        let Pooled { sandboxes, slot, mut sandbox, program, oom_before } = self;
+        let oom_before = self.slot.cg.oom_kills();
+        let Forked { program, stdout, stderr, init_pid, .. } = forked;
+        let mut run = Launched {
+            events: None,
+            control: None,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            helper_pid: None,
+            init_pid: Some(init_pid),
+            warnings: vec![],
+        };
         let started = Instant::now();
-        let result = drive(&mut sandbox, bounds, chunks, &mut cancel, started, None, Some(done(program))).await;
-        kill_all(sandbox.init_pid, sandbox.helper_pid);
-        let (oom_killed, memory_peak_bytes) = usage(&slot, oom_before);
-        // The rest of the sandbox is torn down (and its slot given back) after the answer.
-        tokio::spawn(async move { sandboxes.release(slot).await });
+        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(done(program))).await;
+        // Tearing the fork down (three processes unmapping a copy of the template's
+        // memory) waits behind the answer to the run.
+        let _ = self.slot.cg.set_idle(true);
+        kill_all(Some(init_pid), None);
+        let (oom_killed, memory_peak_bytes) = usage(&self.slot, oom_before);
         let mut outcome = result?;
         outcome.oom_killed = oom_killed;
         outcome.memory_peak_bytes = memory_peak_bytes;
         Ok(outcome)
     }
 
+    /// After a run: fork ahead of the next one (`request`), while the template
+    /// reaps this run's fork. Once it has, and nothing but the new fork is left in
+    /// the cgroup, it may serve another run. Otherwise (an OOM kill in the cgroup,
+    /// which may have hit the template; a template that does not answer or cannot
+    /// fork) it is destroyed.
+    pub async fn recycle(
+        mut self,
+        oom_before: u64,
+        request: &serde_json::Value,
+        library: &std::fs::File,
+    ) -> Result<Template, Error> {
+        let pending = self.request_fork(request, library).await;
+        let answered = tokio::time::timeout(Duration::from_secs(5), read_message(&mut self.program)).await;
+        let reaped = matches!(answered, Ok(Some(msg)) if msg.get("reaped").is_some());
+        let forked = match pending {
+            Ok(p) if reaped => self.await_fork(p).await,
+            Ok(_) => Err(Error::Setup { step: "recycle".into(), error: "the template did not reap its fork".into() }),
+            Err(e) => Err(e),
+        };
+        let checked = forked.and_then(|f| {
+            let mut keep = vec![self.sandbox.helper_pid, self.sandbox.init_pid, self.python_pid];
+            keep.extend([self.slot.pid().map(|p| p as i32), Some(f.outer_pid), Some(f.init_pid), Some(f.program_pid)]);
+            if let Some(p) = self.slot.cg.pids().into_iter().find(|p| !keep.contains(&Some(*p))) {
+                return Err(Error::Setup { step: "recycle".into(), error: format!("pid {p} is left of the run") });
+            }
+            if self.slot.cg.oom_kills() != oom_before {
+                return Err(Error::Setup { step: "recycle".into(), error: "the run met the OOM killer".into() });
+            }
+            Ok(f)
+        });
+        match checked {
+            Ok(f) if self.slot.alive() => {
+                self.prepared = Some(f);
+                Ok(self)
+            }
+            other => {
+                self.destroy().await;
+                Err(other.err().unwrap_or(Error::NoStatus))
+            }
+        }
+    }
+
+    /// OOM kills so far in the template's cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        self.slot.cg.oom_kills()
+    }
+
     /// End the sandbox and give its slot back.
     pub async fn destroy(self) {
         kill_all(self.sandbox.init_pid, self.sandbox.helper_pid);
-        let Pooled { sandboxes, slot, .. } = self;
+        let Template { sandboxes, slot, .. } = self;
         sandboxes.release(slot).await;
+    }
+}
+
+/// Send `bytes` with `fds` attached (SCM_RIGHTS) on a non-blocking stream.
+async fn send_with_fds(stream: &tokio::net::UnixStream, bytes: &[u8], fds: &[std::os::fd::RawFd]) -> Result<(), Error> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd;
+    loop {
+        stream.writable().await.map_err(Error::Control)?;
+        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            let iov = [std::io::IoSlice::new(bytes)];
+            let cmsg = [ControlMessage::ScmRights(fds)];
+            sendmsg::<()>(stream.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(n) if n == bytes.len() => return Ok(()),
+            Ok(_) => return Err(Error::Control(std::io::Error::other("a short write to the template"))),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(Error::Control(e)),
+        }
+    }
+}
+
+/// One JSON line from a program's socket. The runner writes nothing after a message
+/// until it gets an answer, so reading through a buffer loses nothing.
+pub async fn read_message(stream: &mut tokio::net::UnixStream) -> Option<serde_json::Value> {
+    use tokio::io::AsyncReadExt;
+    let mut line = String::new();
+    let mut reader = BufReader::new(stream.take(64 * 1024));
+    match reader.read_line(&mut line).await {
+        Ok(n) if n > 0 => serde_json::from_str(&line).ok(),
+        _ => None,
     }
 }
 
@@ -335,8 +563,9 @@ impl Run {
 
 /// The daemon's ends of a sandbox whose helper has its spec.
 struct Launched {
-    events: tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
-    control: OwnedWriteHalf,
+    /// The helper's events; None for a template's fork, which has no helper.
+    events: Option<tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>>,
+    control: Option<OwnedWriteHalf>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     helper_pid: Option<i32>,
@@ -347,8 +576,9 @@ struct Launched {
 impl Launched {
     /// The next event that is not bookkeeping (the helper's pid and warnings are kept).
     async fn next_event(&mut self) -> Result<Event, Error> {
+        let Some(events) = self.events.as_mut() else { return std::future::pending().await };
         loop {
-            let line = self.events.next_line().await.map_err(Error::Control)?.ok_or(Error::NoStatus)?;
+            let line = events.next_line().await.map_err(Error::Control)?.ok_or(Error::NoStatus)?;
             match serde_json::from_str::<Event>(&line) {
                 Ok(Event::HelperStarted { pid }) => self.helper_pid = Some(pid),
                 Ok(Event::Warning { message }) => {
@@ -387,8 +617,8 @@ async fn launch(slot: &slot::Slot, spec: &SandboxSpec, stdin: Option<&OwnedFd>) 
     let (read_half, mut control) = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?.into_split();
     send_line(&mut control, spec).await?;
     Ok(Launched {
-        events: BufReader::new(read_half).lines(),
-        control,
+        events: Some(BufReader::new(read_half).lines()),
+        control: Some(control),
         stdout: Some(out_r),
         stderr: Some(err_r),
         helper_pid: None,
@@ -462,12 +692,18 @@ async fn drive(
                 }
                 Err(_) => break,
             },
-            code = &mut done, if done_open => match code {
+            ended = &mut done, if done_open => match ended {
                 // The program reported its own end, after closing its output: the run
                 // is over, and the rest of the sandbox is killed.
-                Some(code) => {
-                    final_event = Some(Event::Exited { code });
+                Some(event) => {
+                    final_event = Some(event);
                     kill_all(init_pid, helper_pid);
+                    break;
+                }
+                // A template's fork has no helper to report for it: its socket closing
+                // without a word means its processes are gone.
+                None if sandbox.events.is_none() => {
+                    final_event = Some(Event::InitKilled { signal: libc::SIGKILL });
                     break;
                 }
                 None => done_open = false,

@@ -38,6 +38,20 @@ pub struct SandboxSpec {
     /// A host directory bound read-only at `/run` inside (a kernel's control socket).
     #[serde(default)]
     pub control_dir: Option<PathBuf>,
+    /// The program is a pooled template interpreter ([`super::template`]): it gets
+    /// neither the seccomp filter nor Landlock, which each of its forks applies to
+    /// itself once it is in its own namespaces. It never runs user code.
+    #[serde(default)]
+    pub template: bool,
+}
+
+/// What a fork of a template needs to become a sandbox of its own; sent to the
+/// template with each run, and handed by it to `sandboxd_enter`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChildSpec {
+    pub tmp_size_bytes: u64,
+    pub shm_size_bytes: u64,
+    pub rlimits: Rlimits,
 }
 
 /// Sent to the helper of a pooled sandbox after [`Event::Started`]: mount this
@@ -45,6 +59,10 @@ pub struct SandboxSpec {
 /// sandbox user's (an idmapped mount). The helper answers [`Event::Attached`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Attach {
+    /// Host pid of a process whose mount namespace gets the workspace: a template's
+    /// fork. `None`: the sandbox's own.
+    #[serde(default)]
+    pub pid: Option<i32>,
     pub workspace: PathBuf,
     /// The host uid/gid that owns the workspace's files (the session's).
     pub owner_uid: u32,

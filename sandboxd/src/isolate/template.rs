@@ -1,0 +1,249 @@
+//! Forks of a template interpreter, each in a sandbox of its own.
+//!
+//! A pooled sandbox's Python (`runner.py --template`) imports the policy's preload
+//! modules once and then serves runs one after another: for each it forks, and the
+//! fork calls [`sandboxd_enter`] (this crate is also built as `libsandboxd.so`,
+//! which the template loads from an fd the daemon hands it). The fork then:
+//!
+//! 1. leaves the template's namespaces for new user, mount, pid, net, ipc, uts and
+//!    cgroup namespaces (nested in the template's), mapping only the sandbox user;
+//! 2. mounts a fresh `/tmp` and `/dev/shm` over the template's;
+//! 3. forks the run's init (pid 1 of the new pid namespace), which mounts a fresh
+//!    `/proc`, brings up `lo`, and then goes through exactly the lockdown of a cold
+//!    sandbox ([`super::init::lock_down_and_fork`]): no privileges, the seccomp
+//!    filter, a new session, rlimits, Landlock;
+//! 4. returns 0 to Python in the locked-down process, which runs the user's code.
+//!
+//! The first fork stays outside, in the template's pid namespace: it waits for the
+//! run's init and writes how the run ended on the run's socket. Killing the run's
+//! init ends everything in the run; the template, which never runs user code,
+//! serves the next one. The workspace is mounted into the run's mount namespace by
+//! the sandbox's helper, from outside ([`super::helper`]).
+//!
+//! Nothing here allocates after the first fork beyond what the cold init does; the
+//! template's Python is single-threaded in the fork (threads do not survive it).
+
+use super::helper::Failure;
+use super::init::{self, Role};
+use super::mounts::{self, MountOp};
+use super::namespaces;
+use super::spec::{ChildSpec, Event, SANDBOX_GID, SANDBOX_UID};
+use nix::sys::signal::Signal;
+use nix::unistd::{fork, ForkResult};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+/// The namespaces a fork leaves the template's for.
+const UNSHARE_FLAGS: libc::c_int = namespaces::CLONE_FLAGS;
+
+/// C entry point, called by the template's fork with the [`ChildSpec`] as JSON and
+/// the run's socket. Returns 0 in the run's process, locked down; writes a
+/// `{"failed": …}` line on the socket and returns -1 when the sandbox could not be
+/// made. The other processes it makes never return.
+///
+/// # Safety
+/// `spec` must point to `len` readable bytes; the caller must be single-threaded
+/// (a fresh fork) and `socket` an open fd it owns.
+#[no_mangle]
+pub unsafe extern "C" fn sandboxd_enter(spec: *const u8, len: usize, socket: RawFd) -> libc::c_int {
+    if spec.is_null() || socket < 0 {
+        return -1;
+    }
+    // SAFETY: the caller passes `len` readable bytes at `spec`.
+    let bytes = unsafe { std::slice::from_raw_parts(spec, len) };
+    // SAFETY: the caller owns `socket`; it lives as long as this process (the run's
+    // process keeps it as its socket to the daemon).
+    let mut out = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(socket) });
+    let result = serde_json::from_slice::<ChildSpec>(bytes)
+        .map_err(Failure::at("parse the run's spec"))
+        .and_then(|spec| enter(&spec, socket));
+    match result {
+        Ok(()) => 0,
+        Err(f) => {
+            send(&mut out, &failed(&f));
+            -1
+        }
+    }
+}
+
+fn failed(f: &Failure) -> serde_json::Value {
+    serde_json::json!({ "failed": { "step": f.step, "error": f.error } })
+}
+
+fn send(out: &mut File, msg: &serde_json::Value) {
+    if let Ok(mut line) = serde_json::to_vec(msg) {
+        line.push(b'\n');
+        let _ = out.write_all(&line);
+    }
+}
+
+/// The mounts a fork makes over its copy of the template's filesystem.
+pub fn fresh_mounts(spec: &ChildSpec) -> Vec<MountOp> {
+    vec![
+        MountOp::Tmpfs { dst: "/tmp".into(), size_bytes: spec.tmp_size_bytes, mode: 0o1777, noexec: false },
+        MountOp::Tmpfs { dst: "/dev/shm".into(), size_bytes: spec.shm_size_bytes, mode: 0o1777, noexec: true },
+    ]
+}
+
+/// The id maps of the run's user namespace: the sandbox user maps to itself in the
+/// template's namespace (the only id a process may map without privileges there).
+pub fn id_maps() -> [(&'static str, String); 3] {
+    [
+        ("setgroups", "deny".into()),
+        ("uid_map", format!("{SANDBOX_UID} {SANDBOX_UID} 1\n")),
+        ("gid_map", format!("{SANDBOX_GID} {SANDBOX_GID} 1\n")),
+    ]
+}
+
+fn enter(spec: &ChildSpec, socket: RawFd) -> Result<(), Failure> {
+    // The template's descriptors (its socket to the daemon, the library) stay behind.
+    close_fds_except(socket)?;
+    // SAFETY: unshare takes flags only; the caller is single-threaded, as
+    // CLONE_NEWUSER requires.
+    if unsafe { libc::unshare(UNSHARE_FLAGS) } != 0 {
+        return Err(Failure::at("unshare")(nix::Error::last()));
+    }
+    for (file, text) in id_maps() {
+        std::fs::write(format!("/proc/self/{file}"), text).map_err(Failure::at("write id maps"))?;
+    }
+    mounts::apply(&fresh_mounts(spec)).map_err(Failure::at("mounts"))?;
+
+    let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
+    let (alive_r, alive_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
+    // SAFETY: single-threaded (see above).
+    match unsafe { fork() }.map_err(Failure::at("fork"))? {
+        ForkResult::Child => {
+            drop((report_r, alive_w));
+            run_init(spec, report_w, alive_r)
+        }
+        ForkResult::Parent { child } => {
+            drop((report_w, alive_r));
+            // Output is the run's alone: this process keeps no copy of it.
+            devnull_stdio();
+            let mut text = String::new();
+            let _ = File::from(report_r).read_to_string(&mut text);
+            let status = nix::sys::wait::waitpid(child, None);
+            // SAFETY: `socket` is ours (see sandboxd_enter); this process ends below.
+            let mut out = unsafe { File::from_raw_fd(socket) };
+            send(&mut out, &final_message(&text, status));
+            drop(alive_w);
+            // SAFETY: leave without running the template's atexit handlers or
+            // destructors: this process is a copy of the template's Python.
+            unsafe { libc::_exit(0) }
+        }
+    }
+}
+
+/// How the run ended, from the init's report (or, without one, its own status).
+fn final_message(report: &str, status: nix::Result<nix::sys::wait::WaitStatus>) -> serde_json::Value {
+    let last = report.lines().filter_map(init::parse_report).rfind(|e| !matches!(e, Event::Warning { .. }));
+    match (last, status) {
+        (Some(Event::Exited { code }), _) => serde_json::json!({ "exit_code": code }),
+        (Some(Event::Signaled { signal }), _) => serde_json::json!({ "signal": signal }),
+        (Some(Event::SetupFailed { step, error }), _) => {
+            serde_json::json!({ "failed": { "step": step, "error": error } })
+        }
+        (_, Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => serde_json::json!({ "signal": sig as i32 }),
+        _ => serde_json::json!({ "signal": libc::SIGKILL }),
+    }
+}
+
+/// Pid 1 of the run: a fresh `/proc` and `lo`, then the cold sandbox's lockdown.
+/// Returns (as the run's process) only through [`Role::Program`].
+fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Failure> {
+    let mut report = File::from(report);
+    let alive = File::from(alive);
+    let prepared = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(Failure::at("PR_SET_PDEATHSIG"))
+        .and_then(|()| mounts::apply(&[MountOp::Proc { dst: PathBuf::from("/proc") }]).map_err(Failure::at("mounts")))
+        .and_then(|()| namespaces::loopback_up().map_err(Failure::at("loopback")))
+        .and_then(|()| init::lock_down_and_fork(&spec.rlimits, true, &mut report, &alive));
+    match prepared {
+        Ok(Role::Program(err_w)) => {
+            drop((report, alive));
+            // Setup went well: closing the pipe tells the init so.
+            drop(err_w);
+            Ok(())
+        }
+        Ok(Role::Init(line)) => {
+            let _ = report.write_all(line.as_bytes());
+            // SAFETY: the init leaves without destructors (a copy of Python's state).
+            unsafe { libc::_exit(0) }
+        }
+        Err(f) => {
+            let _ = report.write_all(format!("F {}\t{}\n", f.step, f.error.replace('\n', " ")).as_bytes());
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) }
+        }
+    }
+}
+
+fn devnull_stdio() {
+    if let Ok(devnull) = File::options().read(true).write(true).open("/dev/null") {
+        for fd in [0, 1, 2] {
+            // SAFETY: replaces our own stdio with /dev/null.
+            unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
+        }
+    }
+}
+
+/// Close every fd from 3 up but `keep`.
+fn close_fds_except(keep: RawFd) -> Result<(), Failure> {
+    let keep = keep as u32;
+    let ranges = [(3u32, keep.checked_sub(1)), (keep + 1, Some(u32::MAX))];
+    for (first, last) in ranges {
+        let Some(last) = last.filter(|l| *l >= first) else { continue };
+        // SAFETY: close_range only closes our own descriptors.
+        if unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) } != 0 {
+            return Err(Failure::at("close_range")(nix::Error::last()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isolate::spec::Rlimits;
+
+    #[test]
+    fn a_fork_maps_only_the_sandbox_user_and_leaves_every_namespace() {
+        let maps = id_maps();
+        assert_eq!(maps[0], ("setgroups", "deny".to_string()), "setgroups first, as gid_map requires");
+        assert_eq!(maps[1].1, "1000 1000 1\n");
+        assert_eq!(maps[2].1, "1000 1000 1\n");
+        assert_eq!(UNSHARE_FLAGS, namespaces::CLONE_FLAGS);
+    }
+
+    #[test]
+    fn a_fork_gets_its_own_tmp_and_shm() {
+        let spec = ChildSpec {
+            tmp_size_bytes: 64 << 20,
+            shm_size_bytes: 8 << 20,
+            rlimits: Rlimits { file_size_bytes: 1, open_files: 2 },
+        };
+        let ops = fresh_mounts(&spec);
+        assert!(
+            matches!(&ops[0], MountOp::Tmpfs { dst, size_bytes, noexec: false, .. } if dst.as_os_str() == "/tmp" && *size_bytes == 64 << 20)
+        );
+        assert!(matches!(&ops[1], MountOp::Tmpfs { dst, noexec: true, .. } if dst.as_os_str() == "/dev/shm"));
+    }
+
+    #[test]
+    fn the_final_message_says_how_the_run_ended() {
+        use nix::sys::wait::WaitStatus;
+        let pid = nix::unistd::Pid::from_raw(2);
+        assert_eq!(final_message("W x\nX 3\n", Ok(WaitStatus::Exited(pid, 0))), serde_json::json!({"exit_code": 3}));
+        assert_eq!(final_message("S 9\n", Ok(WaitStatus::Exited(pid, 0))), serde_json::json!({"signal": 9}));
+        assert_eq!(
+            final_message("", Ok(WaitStatus::Signaled(pid, Signal::SIGKILL, false))),
+            serde_json::json!({"signal": 9})
+        );
+        assert_eq!(
+            final_message("F landlock\tnope\n", Ok(WaitStatus::Exited(pid, 0))),
+            serde_json::json!({"failed": {"step": "landlock", "error": "nope"}})
+        );
+    }
+}
