@@ -136,8 +136,8 @@ def main():
                      "--unshare-all", "--die-with-parent", "--clearenv", "--setenv", "MPLBACKEND", "Agg",
                      "--setenv", "MPLCONFIGDIR", "/opt/sandboxd/mplconfig", "/opt/py/bin/python", "-c"]
             # Each round starts (untimed) once the pool is full, and the pooled run
-            # comes last: a refill (a Python importing numpy, pandas and matplotlib)
-            # then never shares the CPU with another system's run.
+            # comes last: a template's recycling (reaping its fork, forking ahead of
+            # the next run) then never shares the CPU with another system's run.
             pool_full = lambda: daemon.wait_pool_ready()  # noqa: E731
             # A kernel session keeps its imports: warm it once, as a user's first cell would.
             api_run("import numpy, pandas, matplotlib.pyplot", session=kernel_sid)
@@ -161,7 +161,7 @@ def main():
 
             pool = daemon.wait_pool_ready()
             extra["daemon_rss_mib"] = daemon.rss_kib() / 1024
-            extra["pooled_sandbox_mib"] = pool["memory_bytes"] / max(1, pool["ready"]) / 2**20
+            extra["pooled_sandbox_mib"] = pool["memory_bytes"] / max(1, pool["ready"]) / 2**20  # per idle template
             extra["pool_ready"] = pool["ready"]
             cold_sessions = [cold_c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
             sessions = [c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]

@@ -192,6 +192,7 @@ def _forked(enter, spec, template_sock, fds):
     """In a fork of the template: become the run's sandbox, then run its code."""
     try:
         import json
+        import select
         import socket
 
         _library, stdout, stderr, run_fd = fds
@@ -219,8 +220,10 @@ def _forked(enter, spec, template_sock, fds):
             os.close(1)
             os.close(2)
             sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
-            # The daemon answers, then ends this sandbox: its teardown waits until then.
-            sock.recv(1)
+            # The daemon answers, then kills this sandbox: its teardown (unmapping a
+            # copy of the template's memory) waits until then, behind the answer.
+            while True:
+                select.select([], [], [])
 
         _finish(exit_code, namespace, report)
     except BaseException:

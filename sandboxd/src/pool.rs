@@ -211,8 +211,9 @@ impl Pool {
         (taken, soon)
     }
 
-    /// Serve one run with `template` (from [`Pool::take`]): fork, attach the
-    /// workspace, send the code, supervise. `Err(Fallback)` when the run could not
+    /// Serve one run with `template` (from [`Pool::take`]): take the fork it made
+    /// ahead, attach the workspace to it, send the code, supervise; then, in the
+    /// background, recycle the template. `Err(Fallback)` when the run could not
     /// start there, before any of its code ran: the caller uses a cold sandbox.
     pub async fn serve(
         self: &Arc<Self>,

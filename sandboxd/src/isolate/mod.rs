@@ -290,6 +290,30 @@ pub struct Forked {
     init_pid: i32,
     /// Host pid of the run's own process.
     program_pid: i32,
+    /// The run's init, to kill it once the run is over without ever signalling
+    /// another process that got its pid after it died.
+    init_pidfd: OwnedFd,
+}
+
+/// A pidfd for `pid`.
+fn pidfd_open(pid: i32) -> Result<OwnedFd, Error> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(Error::Control(std::io::Error::last_os_error()));
+    }
+    // SAFETY: the fd was just returned to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
+}
+
+/// SIGKILL the process behind `pidfd` (nothing happens if it has already ended).
+fn pidfd_kill(pidfd: &OwnedFd) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal reads only its integer arguments (no siginfo).
+    unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<u8>(), 0);
+    }
 }
 
 /// A fork requested, not yet known to be in its namespaces.
@@ -396,8 +420,11 @@ impl Template {
             .find(|p| !children(*p).is_empty())
             .ok_or(Error::Setup { step: "fork".into(), error: "the fork is not there".into() })?;
         let init_pid = children(outer_pid).first().copied().ok_or(Error::NoStatus)?;
+        let init_pidfd = pidfd_open(init_pid)?;
+        // The run's process is waiting for its code, so its init (which waits for
+        // it) is still the process behind `init_pid`.
         let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
-        Ok(Forked { program, stdout, stderr, outer_pid, init_pid, program_pid })
+        Ok(Forked { program, stdout, stderr, outer_pid, init_pid, program_pid, init_pidfd })
     }
 
     /// Mount the session's workspace (owned by `owner` on the host) at `/mnt/data`
@@ -433,7 +460,7 @@ impl Template {
         done: impl FnOnce(tokio::net::UnixStream) -> Done,
     ) -> Result<Outcome, Error> {
         let oom_before = self.slot.cg.oom_kills();
-        let Forked { program, stdout, stderr, init_pid, .. } = forked;
+        let Forked { program, stdout, stderr, init_pid, init_pidfd, .. } = forked;
         let mut run = Launched {
             events: None,
             control: None,
@@ -448,7 +475,7 @@ impl Template {
         // Tearing the fork down (three processes unmapping a copy of the template's
         // memory) waits behind the answer to the run.
         let _ = self.slot.cg.set_idle(true);
-        kill_all(Some(init_pid), None);
+        pidfd_kill(&init_pidfd);
         let (oom_killed, memory_peak_bytes) = usage(&self.slot, oom_before);
         let mut outcome = result?;
         outcome.oom_killed = oom_killed;
