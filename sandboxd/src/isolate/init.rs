@@ -105,17 +105,17 @@ pub(super) enum Role {
 }
 
 /// In the init, with its filesystem built: drop every privilege, install the
-/// seccomp filter (when `seccomp`; a template's interpreter gets its filter in each
-/// fork instead), fork the program's process, which inherits both and sets its own
-/// session, rlimits and Landlock, then supervise it. `parent` reads end-of-file
-/// when whoever started the init is gone.
+/// seccomp filter, fork the program's process, which inherits both and sets its own
+/// session, rlimits and Landlock, then supervise it. Without `confine` (a template's
+/// interpreter, whose forks must still make namespaces and mounts, and each confine
+/// themselves) there is neither seccomp filter nor Landlock. `parent` reads
+/// end-of-file when whoever started the init is gone.
 pub(super) fn lock_down_and_fork(
     rlimits: &Rlimits,
-    seccomp: bool,
+    confine: bool,
     report: &mut File,
     parent: &File,
 ) -> Result<Role, Failure> {
-    let filter = seccomp::program().map_err(Failure::at("seccomp"))?;
     let mut blocked = SigSet::empty();
     blocked.add(Signal::SIGCHLD);
     for s in FORWARDED {
@@ -132,7 +132,8 @@ pub(super) fn lock_down_and_fork(
     // from the parent covers the moments in between: it reads end-of-file as soon
     // as the parent is gone, whenever that happened.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
-    if seccomp {
+    if confine {
+        let filter = seccomp::program().map_err(Failure::at("seccomp"))?;
         seccomp::apply(&filter).map_err(Failure::at("seccomp"))?;
     }
     // SAFETY: the init is single-threaded (it was cloned or forked from a
@@ -142,7 +143,7 @@ pub(super) fn lock_down_and_fork(
         ForkResult::Child => {
             drop(err_r);
             let mut err_w = File::from(err_w);
-            if let Err(f) = program_setup(rlimits, seccomp, &mut err_w) {
+            if let Err(f) = program_setup(rlimits, confine, &mut err_w) {
                 let _ = err_w.write_all(failure_line(&f).as_bytes());
                 // SAFETY: leave the failed child at once, without destructors.
                 unsafe { libc::_exit(127) }
