@@ -184,8 +184,10 @@ impl Pool {
         let (taken, soon) = {
             let mut st = self.lock();
             let mut taken = None;
-            while let Some(mut t) = st.ready.get_mut(policy).and_then(VecDeque::pop_front) {
-                if alive(&mut t) {
+            while let Some(t) = st.ready.get_mut(policy).and_then(VecDeque::pop_front) {
+                // A template whose socket speaks or closed died or misbehaved; its
+                // prepared fork is checked when taken.
+                if isolate::quiet(&t.program) {
                     taken = Some(t);
                     break;
                 }
@@ -445,13 +447,6 @@ fn fork_request(rootfs: &std::path::Path, policy: &Policy) -> serde_json::Value 
 /// A run that could not start in a template (nothing of it ran).
 #[derive(Debug)]
 pub struct Fallback(pub isolate::Error);
-
-/// Has the template kept quiet, its socket open? (Anything to read, or the end of
-/// the stream, means it died or misbehaved.) Its prepared fork is checked when taken.
-fn alive(t: &mut Template) -> bool {
-    let mut byte = [0u8; 1];
-    matches!(t.program.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-}
 
 /// What a pooled run needs besides its template.
 pub struct Job<'a> {

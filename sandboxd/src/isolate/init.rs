@@ -39,7 +39,7 @@ pub fn parse_report(line: &str) -> Option<Event> {
     }
 }
 
-fn failure_line(f: &Failure) -> String {
+pub(super) fn failure_line(f: &Failure) -> String {
     format!("F {}\t{}\n", f.step, f.error.replace('\n', " "))
 }
 
@@ -170,15 +170,21 @@ pub(super) fn lock_down_and_fork(
     }
 
     // The init keeps no output pipe open while it waits.
+    devnull_stdio();
+    let signals = nix::sys::signalfd::SignalFd::with_flags(&blocked, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
+        .map_err(Failure::at("signalfd"))?;
+    Ok(Role::Init(reap_until_exit(child, &signals, parent)))
+}
+
+/// Point our own stdin, stdout and stderr at /dev/null, so that we hold no copy of
+/// the run's output pipes.
+pub(super) fn devnull_stdio() {
     if let Ok(devnull) = File::options().read(true).write(true).open("/dev/null") {
         for fd in [0, 1, 2] {
             // SAFETY: replaces our own stdio with /dev/null.
             unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
         }
     }
-    let signals = nix::sys::signalfd::SignalFd::with_flags(&blocked, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
-        .map_err(Failure::at("signalfd"))?;
-    Ok(Role::Init(reap_until_exit(child, &signals, parent)))
 }
 
 /// In the program's process, which has no privilege left and the init's seccomp

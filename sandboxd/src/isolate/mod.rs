@@ -359,12 +359,7 @@ impl Template {
     /// The fork made ahead of this run, if it is still there.
     pub fn take_prepared(&mut self) -> Option<Forked> {
         let forked = self.prepared.take()?;
-        let mut byte = [0u8; 1];
-        // Quiet, its socket open: alive and waiting.
-        match forked.program.try_read(&mut byte) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Some(forked),
-            _ => None,
-        }
+        quiet(&forked.program).then_some(forked)
     }
 
     /// Have the template fork for one run, sending it `request` (JSON) with the
@@ -536,6 +531,14 @@ impl Template {
         let Template { sandboxes, slot, .. } = self;
         sandboxes.release(slot).await;
     }
+}
+
+/// Has the process at the other end of `stream` kept quiet, the stream open? It
+/// waits for the daemon; anything to read, or the end of the stream, means it died
+/// or misbehaved.
+pub fn quiet(stream: &tokio::net::UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 /// Send `bytes` with `fds` attached (SCM_RIGHTS) on a non-blocking stream.

@@ -32,7 +32,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{fork, ForkResult};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 /// The namespaces a fork leaves the template's for.
@@ -121,7 +121,7 @@ fn enter(spec: &ChildSpec, socket: RawFd) -> Result<(), Failure> {
         ForkResult::Parent { child } => {
             drop((report_w, alive_r));
             // Output is the run's alone: this process keeps no copy of it.
-            devnull_stdio();
+            init::devnull_stdio();
             let mut text = String::new();
             let _ = File::from(report_r).read_to_string(&mut text);
             let status = nix::sys::wait::waitpid(child, None);
@@ -173,18 +173,9 @@ fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Fai
             unsafe { libc::_exit(0) }
         }
         Err(f) => {
-            let _ = report.write_all(format!("F {}\t{}\n", f.step, f.error.replace('\n', " ")).as_bytes());
+            let _ = report.write_all(init::failure_line(&f).as_bytes());
             // SAFETY: as above.
             unsafe { libc::_exit(0) }
-        }
-    }
-}
-
-fn devnull_stdio() {
-    if let Ok(devnull) = File::options().read(true).write(true).open("/dev/null") {
-        for fd in [0, 1, 2] {
-            // SAFETY: replaces our own stdio with /dev/null.
-            unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
         }
     }
 }
