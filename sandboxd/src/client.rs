@@ -17,7 +17,13 @@ pub enum ClientError {
     Api { status: u16, code: String, message: String },
     #[error("{0}")]
     Local(String),
+    /// The answer's body is larger than the caller accepts (nothing more was read).
+    #[error("the answer is larger than {0} bytes")]
+    TooLarge(usize),
 }
+
+/// Most bytes read of an answer whose caller gave no limit of its own.
+const MAX_ANSWER: usize = 256 * 1024 * 1024;
 
 pub struct Client {
     socket: PathBuf,
@@ -36,6 +42,7 @@ impl Client {
         path: &str,
         body: Vec<u8>,
         content_type: &str,
+        limit: usize,
     ) -> Result<(u16, Bytes), ClientError> {
         let (host, mut sender) = match &self.url {
             Some(url) => {
@@ -66,7 +73,16 @@ impl Client {
         let req = req.body(Full::new(Bytes::from(body))).map_err(|e| ClientError::Http(e.to_string()))?;
         let resp = sender.send_request(req).await.map_err(|e| ClientError::Http(e.to_string()))?;
         let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.map_err(|e| ClientError::Http(e.to_string()))?.to_bytes();
+        // A body is read only up to `limit`: what a sandbox wrote may be any size.
+        let declared = resp.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+        if status < 400 && declared.is_some_and(|n: u64| n > limit as u64) {
+            return Err(ClientError::TooLarge(limit));
+        }
+        let bytes = match http_body_util::Limited::new(resp.into_body(), limit).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(ClientError::TooLarge(limit)),
+            Err(e) => return Err(ClientError::Http(e.to_string())),
+        };
         if status >= 400 {
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             return Err(ClientError::Api {
@@ -86,19 +102,25 @@ impl Client {
         body: Option<serde_json::Value>,
     ) -> Result<serde_json::Value, ClientError> {
         let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        let (_, bytes) = self.send(method, path, body, "application/json").await?;
+        let (_, bytes) = self.send(method, path, body, "application/json", MAX_ANSWER).await?;
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Http(format!("unreadable answer: {e}")))
     }
 
     /// Send raw bytes and parse a JSON answer.
     pub async fn json_raw(&self, method: &str, path: &str, body: Vec<u8>) -> Result<serde_json::Value, ClientError> {
-        let (_, bytes) = self.send(method, path, body, "application/octet-stream").await?;
+        let (_, bytes) = self.send(method, path, body, "application/octet-stream", MAX_ANSWER).await?;
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Http(format!("unreadable answer: {e}")))
     }
 
     /// The raw bytes of an answer.
     pub async fn bytes(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Bytes, ClientError> {
-        Ok(self.send(method, path, body.unwrap_or_default(), "application/octet-stream").await?.1)
+        Ok(self.send(method, path, body.unwrap_or_default(), "application/octet-stream", usize::MAX).await?.1)
+    }
+
+    /// GET the raw bytes at `path`, at most `limit` of them: a larger answer is
+    /// [`ClientError::TooLarge`], found without reading more than `limit` bytes.
+    pub async fn bytes_limited(&self, path: &str, limit: usize) -> Result<Bytes, ClientError> {
+        Ok(self.send("GET", path, vec![], "application/octet-stream", limit).await?.1)
     }
 }
 

@@ -24,6 +24,13 @@ pub const MAX_IMAGE_BYTES: usize = 1024 * 1024;
 pub const MAX_IMAGES_TOTAL: usize = 3 * 1024 * 1024;
 /// Longest side of an image sent to a model.
 pub const MAX_IMAGE_SIDE: u32 = 1568;
+/// Largest image file read to be shown to a model (before downscaling). A run's
+/// files are written by sandboxed code: a bigger one (even a sparse file that takes
+/// no disk) is named in the text, never read.
+pub const MAX_SOURCE_IMAGE_BYTES: usize = 32 * 1024 * 1024;
+/// Largest width or height, and memory, an image may decode to.
+const MAX_DECODED_SIDE: u32 = 16_384;
+const MAX_DECODE_ALLOC: u64 = 256 * 1024 * 1024;
 
 /// Where the tools send their API calls.
 #[derive(Debug, Clone)]
@@ -188,8 +195,13 @@ impl SandboxMcp {
         };
         match result {
             Ok(r) => {
-                let mut content = vec![ContentBlock::text(describe_run(&r))];
-                content.extend(self.images(&client, &r).await);
+                let (images, left_out) = self.images(&client, &r).await;
+                let mut text = describe_run(&r);
+                for line in left_out {
+                    text.push_str(&format!("note: image {line}\n"));
+                }
+                let mut content = vec![ContentBlock::text(text)];
+                content.extend(images);
                 let ok = r["status"] == "ok";
                 if ok {
                     CallToolResult::success(content)
@@ -201,8 +213,9 @@ impl SandboxMcp {
         }
     }
 
-    /// This run's images, downscaled and bounded so a client's message limit holds.
-    async fn images(&self, client: &Client, run: &Value) -> Vec<ContentBlock> {
+    /// This run's images, downscaled and bounded so a client's message limit holds,
+    /// and a line of text for each image left out and why.
+    async fn images(&self, client: &Client, run: &Value) -> (Vec<ContentBlock>, Vec<String>) {
         let sid = run["session_id"].as_str().unwrap_or_default();
         let mut arts: Vec<&Value> = run["artifacts"]
             .as_array()
@@ -213,23 +226,51 @@ impl SandboxMcp {
         // Auto-saved figures first, then images the code saved itself.
         arts.sort_by_key(|a| a["kind"] != "figure");
         let mut out = vec![];
+        let mut left_out = vec![];
         let mut total = 0;
+        let many = arts.len() > MAX_IMAGES;
         for a in arts.into_iter().take(MAX_IMAGES) {
             let Some(path) = a["path"].as_str() else { continue };
-            let Ok(bytes) = client.bytes("GET", &format!("/v1/sessions/{sid}/files/{}", url_path(path)), None).await
-            else {
-                continue;
+            let url = a["url"].as_str().unwrap_or_default();
+            // The listed size is checked first, and the read is bounded anyway (the
+            // file may have grown since it was listed).
+            let size = a["size_bytes"].as_u64().unwrap_or(u64::MAX);
+            let read = if size > MAX_SOURCE_IMAGE_BYTES as u64 {
+                Err(ClientError::TooLarge(MAX_SOURCE_IMAGE_BYTES))
+            } else {
+                client
+                    .bytes_limited(&format!("/v1/sessions/{sid}/files/{}", url_path(path)), MAX_SOURCE_IMAGE_BYTES)
+                    .await
+            };
+            let bytes = match read {
+                Ok(b) => b,
+                Err(ClientError::TooLarge(limit)) => {
+                    left_out.push(format!("{path}: larger than {limit} bytes, not shown; download it from {url}"));
+                    continue;
+                }
+                Err(e) => {
+                    left_out.push(format!("{path}: not shown ({e})"));
+                    continue;
+                }
             };
             let Some((data, mime)) = fit_image(&bytes, a["mime_type"].as_str().unwrap_or("image/png")) else {
+                left_out
+                    .push(format!("{path}: not a readable image within the decoding limits; download it from {url}"));
                 continue;
             };
             if total + data.len() > MAX_IMAGES_TOTAL {
-                break;
+                left_out.push(format!("{path}: over this result's image budget, not shown; download it from {url}"));
+                continue;
             }
             total += data.len();
             out.push(ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&data), mime));
         }
-        out
+        if many {
+            left_out.push(format!(
+                "more than {MAX_IMAGES} images: only the first {MAX_IMAGES} are considered; see list_files"
+            ));
+        }
+        (out, left_out)
     }
 }
 
@@ -297,9 +338,16 @@ pub fn fit_image(bytes: &[u8], mime: &str) -> Option<(Vec<u8>, String)> {
     if bytes.len() <= MAX_IMAGE_BYTES && w <= MAX_IMAGE_SIDE && h <= MAX_IMAGE_SIDE {
         return Some((bytes.to_vec(), mime.to_string()));
     }
+    // A small file may claim a huge picture (a decompression bomb): refused by size
+    // before anything is decoded, and the decoder is held to the same limits.
+    if w > MAX_DECODED_SIDE || h > MAX_DECODED_SIDE || u64::from(w) * u64::from(h) * 4 > MAX_DECODE_ALLOC {
+        return None;
+    }
     let mut reader = ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().ok()?;
     let mut limits = image::Limits::default();
-    limits.max_alloc = Some(256 * 1024 * 1024);
+    limits.max_image_width = Some(MAX_DECODED_SIDE);
+    limits.max_image_height = Some(MAX_DECODED_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_ALLOC);
     reader.limits(limits);
     let img = reader.decode().ok()?;
     let img =
@@ -526,11 +574,16 @@ impl SandboxMcp {
                 ))]));
             }
         }
-        let bytes = match client
-            .bytes("GET", &format!("/v1/sessions/{}/files/{}", p.session_id, url_path(&p.path)), None)
-            .await
-        {
+        // Bounded whatever the listing said: the file may have grown since.
+        let path = format!("/v1/sessions/{}/files/{}", p.session_id, url_path(&p.path));
+        let bytes = match client.bytes_limited(&path, usize::try_from(limit).unwrap_or(usize::MAX)).await {
             Ok(b) => b,
+            Err(ClientError::TooLarge(_)) => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "error artifact_too_large: {} is more than the {limit} bytes that can be inlined; download it, or read a part of it with run_python",
+                    p.path
+                ))]))
+            }
             Err(e) => return Ok(failure(e)),
         };
         let mime =
@@ -612,5 +665,40 @@ mod tests {
         let back = image::load_from_memory(&out).unwrap();
         assert!(back.width() <= MAX_IMAGE_SIDE && back.height() <= MAX_IMAGE_SIDE);
         assert!(fit_image(b"not an image", "image/png").is_none());
+    }
+
+    /// A PNG whose header claims `w` x `h` pixels, with no picture behind it.
+    fn png_header_only(w: u32, h: u32) -> Vec<u8> {
+        fn crc32(bytes: &[u8]) -> u32 {
+            let mut crc = !0u32;
+            for &b in bytes {
+                crc ^= u32::from(b);
+                for _ in 0..8 {
+                    crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+                }
+            }
+            !crc
+        }
+        let mut ihdr = b"IHDR".to_vec();
+        ihdr.extend(w.to_be_bytes());
+        ihdr.extend(h.to_be_bytes());
+        ihdr.extend([8, 6, 0, 0, 0]); // 8-bit RGBA
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        for chunk in [ihdr, b"IDAT".to_vec(), b"IEND".to_vec()] {
+            png.extend(((chunk.len() - 4) as u32).to_be_bytes());
+            png.extend(&chunk);
+            png.extend(crc32(&chunk).to_be_bytes());
+        }
+        png
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_before_decoding() {
+        let bomb = png_header_only(100_000, 100_000);
+        let reader = image::ImageReader::new(std::io::Cursor::new(&bomb)).with_guessed_format().unwrap();
+        assert_eq!(reader.into_dimensions().unwrap(), (100_000, 100_000), "the header is read as a real one");
+        assert!(fit_image(&bomb, "image/png").is_none());
+        // Within each side's limit, but too much memory once decoded.
+        assert!(fit_image(&png_header_only(16_000, 16_000), "image/png").is_none());
     }
 }

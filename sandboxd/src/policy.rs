@@ -54,6 +54,10 @@ pub struct Policy {
     pub max_artifacts: usize,
     /// Modules a pooled sandbox imports before its run arrives.
     pub preload: Vec<String>,
+    /// Runs one pooled template serves before it is replaced. Its forks share the
+    /// template's Python hash secret and memory layout (ASLR), so this bounds how
+    /// many runs share them; 1 gives every run a template of its own.
+    pub template_runs: u64,
 }
 
 impl Default for Policy {
@@ -79,6 +83,7 @@ impl Default for Policy {
             autosave_figures: true,
             max_artifacts: 100,
             preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
+            template_runs: 64,
         }
     }
 }
@@ -135,6 +140,7 @@ impl Policy {
             });
         }
         int("pids", self.pids, 4, 65536)?;
+        int("template_runs", self.template_runs, 1, 1_000_000)?;
         int("timeout_s", self.timeout_s, 1, 86400)?;
         int("grace_s", self.grace_s, 0, 60)?;
         int("output_kb", self.output_kb, 1, 64 * 1024)?;

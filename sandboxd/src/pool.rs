@@ -253,6 +253,12 @@ impl Pool {
                 let policy = policy.clone();
                 tokio::spawn(async move {
                     let back = match me.library.as_ref() {
+                        // Its forks share its hash secret and memory layout: a template
+                        // serves at most the policy's `template_runs`.
+                        _ if template.served() >= policy.template_runs => {
+                            template.destroy().await;
+                            Err(isolate::Error::Retired(policy.template_runs))
+                        }
                         Some(library) => {
                             template.recycle(oom_before, &fork_request(&me.rootfs, &policy), library).await
                         }

@@ -51,6 +51,8 @@ pub enum Error {
     Setup { step: String, error: String },
     #[error("the sandbox helper ended without reporting the program's status")]
     NoStatus,
+    #[error("the template served its {0} runs and is replaced")]
+    Retired(u64),
 }
 
 /// One run to perform.
@@ -249,9 +251,15 @@ impl Sandboxes {
             Ok::<_, Error>((sandbox, program))
         };
         match launched.await {
-            Ok((sandbox, program)) => {
-                Ok(Template { sandboxes: self.clone(), slot, sandbox, program, python_pid: None, prepared: None })
-            }
+            Ok((sandbox, program)) => Ok(Template {
+                sandboxes: self.clone(),
+                slot,
+                sandbox,
+                program,
+                python_pid: None,
+                prepared: None,
+                served: 0,
+            }),
             Err(e) => {
                 self.release(slot).await;
                 Err(e)
@@ -272,6 +280,9 @@ pub struct Template {
     python_pid: Option<i32>,
     /// The fork made ahead of the next run ([`Template::prepare`]).
     prepared: Option<Forked>,
+    /// Runs served so far (the pool retires a template after its policy's
+    /// `template_runs`).
+    served: u64,
 }
 
 /// Resolves to how a run ended when its processes report it themselves (None: the
@@ -455,6 +466,7 @@ impl Template {
         done: impl FnOnce(tokio::net::UnixStream) -> Done,
     ) -> Result<Outcome, Error> {
         let oom_before = self.slot.cg.oom_kills();
+        self.served += 1;
         let Forked { program, stdout, stderr, init_pid, init_pidfd, .. } = forked;
         let mut run = Launched {
             events: None,
@@ -518,6 +530,11 @@ impl Template {
                 Err(other.err().unwrap_or(Error::NoStatus))
             }
         }
+    }
+
+    /// Runs this template has served.
+    pub fn served(&self) -> u64 {
+        self.served
     }
 
     /// OOM kills so far in the template's cgroup.
