@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
 # Build the sandbox rootfs: Debian bookworm minbase + Debian's python3.11 + a venv at
-# /opt/py filled offline from the wheels pinned in requirements.lock.
+# /opt/py filled from the wheels pinned in requirements.lock.
 #
 #   rootfs/build.sh [OUT_DIR]      (default /var/cache/sandboxd/rootfs)
+#
+# The host needs no Python: the wheels are downloaded and installed by the rootfs's
+# own python3.11, inside the tree being built, with a pip wheel pinned below by
+# version and sha256. Host tools: debootstrap, zstd, tar, coreutils, util-linux.
 #
 # Writes OUT_DIR/rootfs-<recipe-hash>.tar.zst, a .sha256 beside it, and a
 # manifest.json (content hash, Python version, every package), then points
 # OUT_DIR/current.tar.zst at it. A recipe that has not changed is not rebuilt.
+#
+# Environment:
+#   SANDBOXD_DEBIAN_MIRROR   Debian mirror (default http://deb.debian.org/debian)
+#   SANDBOXD_PIP_INDEX_URL   Python package index (default PIP_INDEX_URL, else https://pypi.org/simple)
+#   SANDBOXD_PIP_WHEEL_URL   where to fetch the pinned pip wheel (default: files.pythonhosted.org)
+#   SANDBOXD_CA_BUNDLE       CA certificates for the downloads (default: the host's
+#                            /etc/ssl/certs/ca-certificates.crt if any, else the rootfs's own)
+#   SANDBOXD_ROOTFS_CACHE    cache of downloaded .debs and wheels (default OUT_DIR)
+#   SANDBOXD_ROOTFS_MIN_FREE_MB  free space OUT_DIR must have (default 4096)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-/var/cache/sandboxd/rootfs}
 mirror=${SANDBOXD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+index=${SANDBOXD_PIP_INDEX_URL:-${PIP_INDEX_URL:-https://pypi.org/simple}}
+# pip itself, pinned: it runs from its wheel under the rootfs's python3.11.
+pip_version=25.1.1
+pip_sha256=2913a38a2abf4ea6b64ab507bd9e967f3b53dc1ede74b01b0931e1ce548751af
+pip_wheel=pip-$pip_version-py3-none-any.whl
+pip_url=${SANDBOXD_PIP_WHEEL_URL:-https://files.pythonhosted.org/packages/29/a2/d40fb2460e883eca5199c62cfc2463fd261f760556ae6290f88488c362c0/$pip_wheel}
+min_free_mb=${SANDBOXD_ROOTFS_MIN_FREE_MB:-4096}
+min_kernel=5.15
 suite=bookworm
 steps=8
 step=0
@@ -19,15 +40,33 @@ step=0
 say() { printf '[rootfs] %s\n' "$*" >&2; }
 next() { step=$((step + 1)); say "step $step/$steps: $*"; }
 die() { say "FAILED at step $step/$steps ($current): $*"; exit 1; }
+# Checks before anything is written: one line with the cause and the fix.
+refuse() { say "cannot build the rootfs: $*"; trap - EXIT; exit 1; }
 current="start"
 trap 'rc=$?; [ $rc -eq 0 ] || say "FAILED at step $step/$steps ($current), exit code $rc; see the output above"' EXIT
 
-[ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap and chroot need it)"
-for tool in debootstrap zstd tar sha256sum python3; do
-  command -v "$tool" >/dev/null || die "$tool is not installed (apt-get install debootstrap zstd python3)"
+[ "$(id -u)" -eq 0 ] || refuse "not running as root (debootstrap, mount and chroot need it); run: sudo $0 $*"
+for tool in debootstrap zstd tar sha256sum chroot mount umount mountpoint unshare df flock; do
+  command -v "$tool" >/dev/null \
+    || refuse "$tool is not installed; run: apt-get install debootstrap zstd tar coreutils util-linux mount (or: sudo make run, which installs them)"
 done
-python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-  || die "the host python3 must be 3.11 to install cp311 wheels (found $(python3 -V 2>&1))"
+kernel=$(uname -r)
+kmaj=${kernel%%.*}; kmin=${kernel#*.}; kmin=${kmin%%[!0-9]*}
+if [ "$kmaj" -lt "${min_kernel%%.*}" ] || { [ "$kmaj" -eq "${min_kernel%%.*}" ] && [ "$kmin" -lt "${min_kernel#*.}" ]; }; then
+  refuse "kernel $kernel is older than $min_kernel, which sandboxd needs (Landlock, idmapped mounts, cgroup v2); boot a newer kernel (Debian 12's is 6.1)"
+fi
+
+# Every mount this build makes lives in a private mount namespace: when the
+# script ends, however it ends, none is left on the host.
+if [ -z "${SANDBOXD_ROOTFS_UNSHARED:-}" ]; then
+  trap - EXIT
+  SANDBOXD_ROOTFS_UNSHARED=1 exec unshare --mount --propagation private -- "$0" "$@"
+fi
+
+mkdir -p "$out" 2>/dev/null || refuse "cannot create $out; choose another output directory"
+free_mb=$(df -Pm "$out" | awk 'NR==2 {print $4}')
+[ "$free_mb" -ge "$min_free_mb" ] \
+  || refuse "only $free_mb MiB free in $out, the build needs $min_free_mb MiB; free some space or pass another directory (rootfs/build.sh DIR)"
 
 # Only what goes into the image counts: support/kernel.py is embedded in the daemon.
 recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sandboxd_runner.py support/sitecustomize.py | sha256sum | cut -c1-16)
@@ -40,38 +79,96 @@ if [ -s "$tarball" ] && [ -s "$tarball.sha256" ]; then
   exit 0
 fi
 
-mkdir -p "$out" "$out/wheels"
+# One build at a time per output directory; a build killed outright left its
+# work directory behind: remove it now.
+exec 9>"$out/.build.lock"
+flock -n 9 || refuse "another rootfs build is running in $out; wait for it to finish"
+for stale in "$out"/.build-*; do
+  [ -d "$stale" ] && { say "removing $stale, left by a build that was killed"; rm -rf --one-file-system "$stale"; }
+done
+
+cache=${SANDBOXD_ROOTFS_CACHE:-$out}
+mkdir -p "$cache/debs" "$cache/wheels" "$cache/pip"
 work=$(mktemp -d "$out/.build-XXXXXX")
 root="$work/root"
+unmount_all() {
+  # Deepest first; lazily, so that a busy one cannot keep the rest mounted.
+  awk -v r="$root" '$5 == r || index($5, r "/") == 1 {print $5}' /proc/self/mountinfo | sort -r \
+    | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+}
 cleanup() {
   rc=$?
-  for m in proc dev; do mountpoint -q "$root/$m" 2>/dev/null && umount -l "$root/$m"; done
-  rm -rf --one-file-system "$work"
+  set +e
+  unmount_all
+  rm -rf --one-file-system "$work" || say "could not remove $work (the next build removes it)"
   [ $rc -eq 0 ] || say "FAILED at step $step/$steps ($current), exit code $rc; see the output above"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# The CA certificates the downloads trust: a host behind a TLS-inspecting proxy
+# has its CA in its own bundle. What is downloaded is checked by sha256 either way.
+ca_bundle=${SANDBOXD_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-}}}
+[ -n "$ca_bundle" ] || { [ -s /etc/ssl/certs/ca-certificates.crt ] && ca_bundle=/etc/ssl/certs/ca-certificates.crt; }
+ca_env=()
+# What runs inside the tree: its own python3.11, a clean environment.
+in_root() {
+  chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp LANG=C.UTF-8 "${ca_env[@]}" \
+    ${http_proxy:+http_proxy=$http_proxy} ${https_proxy:+https_proxy=$https_proxy} ${no_proxy:+no_proxy=$no_proxy} \
+    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore "$@"
+}
 
 current="debootstrap"; next "debootstrap $suite minbase from $mirror (about a minute)"
 include=$(grep -v '^#' "$here/packages.txt" | grep -v '^$' | paste -sd, -)
-mkdir -p "$out/debs"
-debootstrap --variant=minbase --cache-dir="$out/debs" --include="$include" "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
-  || { tail -20 "$work/debootstrap.log" >&2; die "debootstrap failed (log tail above): is $mirror reachable? Set SANDBOXD_DEBIAN_MIRROR to use another mirror"; }
+debootstrap --variant=minbase --cache-dir="$cache/debs" --include="$include" "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
+  || { tail -20 "$work/debootstrap.log" >&2; die "debootstrap from $mirror failed (log tail above): is $mirror reachable? To use another Debian mirror, set SANDBOXD_DEBIAN_MIRROR=http://<mirror>/debian"; }
+mkdir -p "$root/tmp/wheels" "$root/tmp/pip" "$root/tmp/recipe" "$root/proc" "$root/dev"
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount --make-rslave "$root/dev"
+mount --bind "$cache/wheels" "$root/tmp/wheels"
+mount --bind "$cache/pip" "$root/tmp/pip"
+cp "$here/requirements.lock" "$root/tmp/recipe/requirements.lock"
+cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+if [ -n "$ca_bundle" ]; then
+  cp "$ca_bundle" "$root/tmp/recipe/ca.pem" || die "cannot read the CA bundle $ca_bundle (SANDBOXD_CA_BUNDLE)"
+  ca_env=(SSL_CERT_FILE=/tmp/recipe/ca.pem PIP_CERT=/tmp/recipe/ca.pem)
+fi
 
-current="wheels"; next "download $(grep -c -- '--hash' "$here/requirements.lock") pinned wheels (cached in $out/wheels)"
-PIP_FIND_LINKS= python3 -m pip download --quiet --no-deps --require-hashes --only-binary=:all: \
-  --python-version 3.11 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform any \
-  -d "$out/wheels" -r "$here/requirements.lock" \
-  || die "could not download the wheels: is PyPI reachable, and do the hashes in requirements.lock match?"
+current="wheels"; next "download pip $pip_version and $(grep -c -- '--hash' "$here/requirements.lock") pinned wheels with the rootfs's python3.11 (cached in $cache/wheels)"
+in_root /usr/bin/python3.11 - "$pip_url" "/tmp/pip/$pip_wheel" "$pip_sha256" <<'PY' || die "could not fetch the pip wheel from $pip_url: is it reachable? To use a mirror, set SANDBOXD_PIP_WHEEL_URL to the URL of $pip_wheel there (sha256 $pip_sha256)"
+import hashlib, os, sys, urllib.request
+url, dest, want = sys.argv[1:4]
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+if not (os.path.exists(dest) and digest(dest) == want):
+    with urllib.request.urlopen(url, timeout=60) as r, open(dest + ".part", "wb") as f:
+        f.write(r.read())
+    got = digest(dest + ".part")
+    if got != want:
+        os.unlink(dest + ".part")
+        sys.exit(f"{url} has sha256 {got}, the recipe pins {want}")
+    os.replace(dest + ".part", dest)
+PY
+pip=(/usr/bin/python3.11 "/tmp/pip/$pip_wheel/pip")
+wheel_args=(--quiet --no-deps --require-hashes --only-binary=:all: --python-version 3.11 --implementation cp
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any
+  -d /tmp/wheels -r /tmp/recipe/requirements.lock)
+# From the cache when every pinned wheel is there; else from the index.
+in_root "${pip[@]}" download --no-index --find-links /tmp/wheels "${wheel_args[@]}" >/dev/null 2>&1 \
+  || in_root "${pip[@]}" download --index-url "$index" "${wheel_args[@]}" \
+  || die "could not download the wheels from $index: is it reachable, and do the hashes in requirements.lock match? To use another package index, set SANDBOXD_PIP_INDEX_URL=https://<mirror>/simple"
 
-current="venv"; next "create the venv /opt/py and install the wheels"
-chroot "$root" /usr/bin/python3.11 -m venv --without-pip /opt/py || die "venv creation failed"
-PIP_FIND_LINKS= python3 -m pip install --quiet --ignore-installed --no-index --find-links "$out/wheels" --require-hashes --no-deps \
-  --no-compile --no-warn-script-location --root "$root" --prefix /opt/py -r "$here/requirements.lock" \
+current="venv"; next "create the venv /opt/py and install the wheels with the rootfs's python3.11"
+in_root /usr/bin/python3.11 -m venv --without-pip /opt/py || die "venv creation failed"
+in_root /opt/py/bin/python "/tmp/pip/$pip_wheel/pip" install --quiet --no-index --find-links /tmp/wheels --require-hashes \
+  --no-deps --no-compile --no-warn-script-location -r /tmp/recipe/requirements.lock \
   || die "pip install into the rootfs failed"
-# Scripts written by the host pip carry the host's interpreter path: none is needed.
-find "$root/opt/py/bin" -type f ! -name 'python*' ! -name 'activate*' -delete
+# Nothing of the host stays mounted in the tree (the slim step empties its /dev).
+unmount_all
+rm -rf "$root/tmp/wheels" "$root/tmp/pip" "$root/tmp/recipe"
+: >"$root/etc/resolv.conf"
 
 current="support"; next "install the sandbox support code and the sandbox user"
 mkdir -p "$root/opt/sandboxd" "$root/mnt/data" "$root/tmp" "$root/proc" "$root/dev" "$root/sys"
@@ -85,7 +182,8 @@ printf '127.0.0.1 localhost\n127.0.1.1 sandbox\n::1 localhost\n' >"$root/etc/hos
 
 current="slim"; next "remove docs, caches, tests and headers"
 rm -rf "$root"/usr/share/{doc,man,info,locale,lintian,linda,bug} "$root"/var/cache/apt/* \
-  "$root"/var/lib/apt/lists/* "$root"/var/log/* "$root"/var/cache/debconf/*-old "$root"/dev/*
+  "$root"/var/lib/apt/lists/* "$root"/var/log/* "$root"/var/cache/debconf/*-old
+rm -rf --one-file-system "$root"/dev/*
 sp="$root/opt/py/lib/python3.11/site-packages"
 # numpy.testing imports numpy/_core/tests/_natype.py: keep that one module.
 find "$sp" -depth -type d \( -name tests -o -name test -o -name __pycache__ \) ! -path '*/numpy/_core/tests' -prune -exec rm -rf {} +
@@ -97,6 +195,7 @@ find "$sp" \( -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.h' -o 
 current="compile"; next "precompile .pyc, build the matplotlib font cache, import every package"
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
+mount --make-rslave "$root/dev"
 chroot "$root" /opt/py/bin/python -m compileall -q -j0 --invalidation-mode unchecked-hash /opt/py/lib/python3.11/site-packages /usr/lib/python3.11 /opt/sandboxd >/dev/null \
   || die "compileall failed"
 mkdir -p "$root/opt/sandboxd/mplconfig"
@@ -109,8 +208,7 @@ fm.fontManager  # writes fontlist-*.json into MPLCONFIGDIR
 ' || die "an installed package failed to import"
 ls "$root/opt/sandboxd/mplconfig"/fontlist-*.json >/dev/null || die "matplotlib did not write its font cache"
 
-umount -l "$root/dev"
-umount -l "$root/proc"
+unmount_all
 
 current="manifest"; next "write the manifest"
 chroot "$root" /usr/bin/env -i /opt/py/bin/python - "$recipe_hash" >"$work/manifest.partial.json" <<'PY'

@@ -33,6 +33,9 @@ pub struct Settings {
     #[arg(long)]
     #[serde(skip)]
     pub print_config: bool,
+    #[command(subcommand)]
+    #[serde(skip)]
+    pub command: Option<Command>,
 
     /// Unix socket path for the API.
     #[arg(long, env = "SANDBOXD_SOCKET")]
@@ -88,6 +91,15 @@ pub struct Settings {
     pub log: Option<String>,
 }
 
+/// What to do instead of serving.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Check that this host can run sandboxes: print each requirement with ✓ / ! / ✗
+    /// and what to do, and exit 1 when one is not met (the daemon runs the same
+    /// checks at start). Reads the config like the daemon (state_dir, rootfs_tarball).
+    Check,
+}
+
 /// The effective configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -118,7 +130,7 @@ fn redact<S: serde::Serializer>(tokens: &[String], s: S) -> Result<S::Ok, S::Err
 
 macro_rules! merge {
     ($cli:expr, $file:expr, $($field:ident),*) => {
-        Settings { config: $cli.config.clone(), print_config: $cli.print_config,
+        Settings { config: $cli.config.clone(), print_config: $cli.print_config, command: $cli.command.clone(),
                    $($field: $cli.$field.clone().or($file.$field.clone())),* }
     };
 }

@@ -33,6 +33,8 @@ pub enum Error {
     State(std::path::PathBuf, std::io::Error),
     #[error("listening on {0}: {1}")]
     Listen(String, std::io::Error),
+    #[error(transparent)]
+    HostCheck(#[from] crate::check::Error),
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -53,6 +55,14 @@ pub fn run(config: Config) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::NotRoot);
     }
+    // The host's requirements, all at once, before anything is made: a host that
+    // cannot run sandboxes is refused here, naming what to fix.
+    let report = crate::check::Facts::gather(&config.state_dir, &config.rootfs_tarball).report();
+    for item in report.items.iter().filter(|i| i.status == crate::check::Status::Warn) {
+        tracing::warn!(item = %item.name, found = %item.found, fix = %item.fix, "host check");
+    }
+    report.require()?;
+    crate::check::remember(&config.state_dir, &config.rootfs_tarball);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Error::Runtime)?;
     runtime.block_on(serve(config))
 }

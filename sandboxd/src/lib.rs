@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod artifacts;
+pub mod check;
 pub mod client;
 pub mod config;
 pub mod daemon;

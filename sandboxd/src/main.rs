@@ -2,15 +2,16 @@
 //! single-threaded sandbox helper it starts for every run.
 
 use clap::Parser;
-use sandboxd::{config, daemon, isolate};
+use sandboxd::{check, config, daemon, isolate};
 
 fn main() {
     // The helper must decide before anything starts a thread.
     if std::env::args_os().nth(1).is_some_and(|a| a == isolate::HELPER_ARG) {
         isolate::slot::main();
     }
-    let settings = config::Settings::parse();
+    let settings = config::Settings::parse_from(subcommand_last(std::env::args_os().collect()));
     let print = settings.print_config;
+    let command = settings.command.clone();
     let config = match config::Config::load(settings) {
         Ok(c) => c,
         Err(e) => {
@@ -18,6 +19,11 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(config::Command::Check) = command {
+        let report = check::Facts::gather(&config.state_dir, &config.rootfs_tarball).report();
+        print!("{}", report.render());
+        std::process::exit(if report.ok { 0 } else { 1 });
+    }
     if print {
         print!("{}", config.to_toml());
         return;
@@ -26,4 +32,14 @@ fn main() {
         eprintln!("sandboxd: {e}");
         std::process::exit(1);
     }
+}
+
+/// `sandboxd check --state-dir X` as `sandboxd --state-dir X check`: the daemon's
+/// flags are the top-level command's, and `check` takes them too.
+fn subcommand_last(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if args.len() > 2 && args[1] == "check" {
+        let sub = args.remove(1);
+        args.push(sub);
+    }
+    args
 }

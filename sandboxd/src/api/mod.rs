@@ -91,6 +91,7 @@ pub fn router(state: Shared, listener: Listener, loopback: bool) -> Router {
         .route("/v1/sessions/{id}/runs", post(runs::session_run))
         .route("/v1/sessions/{id}/run", axum::routing::delete(sessions::cancel_run))
         .route("/v1/policies", get(sessions::policies))
+        .route("/v1/check", get(crate::check::route))
         .route("/v1/sessions/{id}/files", get(files::list))
         .route("/v1/sessions/{id}/files/{*path}", get(files::download).put(files::upload).delete(files::remove))
         .layer(axum::middleware::from_fn_with_state((state.clone(), listener), auth));

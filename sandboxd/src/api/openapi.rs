@@ -21,6 +21,7 @@ use utoipa::OpenApi;
         super::files::download,
         super::files::upload,
         super::files::remove,
+        crate::check::route,
     ),
     components(schemas(super::error::Code, crate::run::Language, crate::session::Mode))
 )]

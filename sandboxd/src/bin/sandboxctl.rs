@@ -64,6 +64,10 @@ enum Command {
     },
     /// Check that the daemon is up.
     Health,
+    /// Ask the daemon whether its host meets every requirement (kernel, Landlock,
+    /// seccomp, user namespaces, cgroups, loop devices, free space, rootfs): prints
+    /// each with ✓ / ! / ✗ and what to do; exits 1 when one is not met.
+    Doctor,
     /// Serve sandboxd's MCP tools on stdin/stdout (for LM Studio, Claude Desktop, ...),
     /// forwarding to the daemon. Only protocol messages go to stdout.
     Mcp,
@@ -291,6 +295,13 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
         Command::Health => {
             print_json(&client.json("GET", "/v1/health", None).await?);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Doctor => {
+            let v = client.json("GET", "/v1/check", None).await?;
+            let report: sandboxd::check::Report = serde_json::from_value(v)
+                .map_err(|e| ClientError::Http(format!("unreadable answer from GET /v1/check: {e}")))?;
+            print!("{}", report.render());
+            Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Completions { .. } | Command::Mcp => Ok(ExitCode::SUCCESS),
     }
