@@ -5,11 +5,19 @@ ROOTFS := $(ROOTFS_DIR)/current.tar.zst
 PREFIX ?= /usr/local
 PYTHON ?= python3
 
-.PHONY: run build rootfs test unit-test system-test lint bench install verify-units clean
+.PHONY: run build rootfs host-tools host-tools-test test unit-test system-test lint bench install verify-units deb fresh-host-test clean
 
-## Build everything, build the rootfs on first use (with progress), start sandboxd in the foreground.
-run: build rootfs
+## Install the missing host tools (apt-get on Debian/Ubuntu; elsewhere the exact command),
+## build everything, build the rootfs on first use (with progress), check the host, start sandboxd.
+run: host-tools build rootfs
 	./target/release/sandboxd --policies-dir policies --rootfs-tarball $(ROOTFS)
+
+## The tools the build, the rootfs and the daemon need (packaging/host-tools.sh says what and why).
+host-tools:
+	CARGO=$(CARGO) packaging/host-tools.sh
+
+host-tools-test:
+	CARGO=$(CARGO) packaging/host-tools.sh --test
 
 build:
 	$(CARGO) build --release --locked
@@ -19,7 +27,7 @@ rootfs:
 	rootfs/build.sh $(ROOTFS_DIR)
 
 ## The whole test suite: unit tests, then the black-box suite against real daemons (as root).
-test: build rootfs unit-test system-test
+test: host-tools-test build rootfs unit-test system-test
 
 unit-test:
 	$(CARGO) test --release --locked
@@ -48,6 +56,14 @@ install: build
 ## Check the systemd units (needs the binaries installed where the unit expects them).
 verify-units: install
 	systemd-analyze verify $(DESTDIR)/etc/systemd/system/sandboxd.service
+
+## A Debian package (dpkg-deb): target/debian/sandboxd_<version>_<arch>.deb
+deb: build
+	packaging/deb.sh
+
+## The README's first command on a fresh Debian 13 tree entered with pivot_root (slow; see tests/fresh_host.sh).
+fresh-host-test: build
+	tests/fresh_host.sh
 
 clean:
 	$(CARGO) clean

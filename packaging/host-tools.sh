@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Make sure the host has the tools `make run` and `make test` need, installing the
+# missing ones on Debian and Ubuntu (apt-get), and printing the exact command
+# elsewhere. Called by the Makefile before anything is built.
+#
+#   packaging/host-tools.sh [--test]     (--test: also what the test suite needs)
+set -euo pipefail
+
+say() { printf '[host] %s\n' "$*" >&2; }
+
+# command -> Debian package, and why it is needed.
+tools=(
+  "cc:gcc:the Rust build links with the system C compiler"
+  "debootstrap:debootstrap:builds the sandbox rootfs (Debian bookworm) once"
+  "zstd:zstd:compresses the rootfs tarball"
+  "tar:tar:packs the rootfs"
+  "sha256sum:coreutils:hashes the rootfs recipe and tarball"
+  "chroot:coreutils:runs the rootfs's own python3.11 while building it"
+  "unshare:util-linux:keeps the rootfs build's mounts private"
+  "flock:util-linux:one rootfs build at a time"
+  "mountpoint:util-linux:the rootfs build's clean-up"
+  "losetup:util-linux:session workspaces are ext4 images on loop devices"
+  "mount:mount:mounts workspaces and the sandbox's file systems"
+  "mkfs.ext4:e2fsprogs:makes session workspaces"
+  "make:make:runs the Makefile"
+)
+if [ "${1:-}" = "--test" ]; then
+  tools+=("python3:python3:runs the black-box test suite")
+fi
+
+missing_cmds=()
+missing_pkgs=()
+for entry in "${tools[@]}"; do
+  IFS=: read -r cmd pkg why <<<"$entry"
+  if ! command -v "$cmd" >/dev/null 2>&1 && ! [ -x "/usr/sbin/$cmd" ] && ! [ -x "/sbin/$cmd" ]; then
+    missing_cmds+=("$cmd")
+    case " ${missing_pkgs[*]-} " in *" $pkg "*) ;; *) missing_pkgs+=("$pkg") ;; esac
+    say "missing $cmd (package $pkg): $why"
+  fi
+done
+
+# Cargo first: it cannot come from the distribution's packages in a version this
+# workspace builds with, and sudo's PATH often hides a user's ~/.cargo/bin.
+if ! command -v "${CARGO:-cargo}" >/dev/null 2>&1; then
+  say "cargo (Rust) is not installed for $(id -un). Install it with:"
+  say "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal && . \"\$HOME/.cargo/env\""
+  if [ -n "${SUDO_USER:-}" ]; then
+    say "or, if $SUDO_USER has it already (sudo resets PATH): sudo env \"PATH=\$PATH\" make ${MAKECMDGOALS:-run}"
+  fi
+  cargo_missing=1
+fi
+
+if [ ${#missing_pkgs[@]} -eq 0 ]; then
+  [ -z "${cargo_missing:-}" ] || exit 1
+  exit 0
+fi
+
+id_like=""
+if [ -r /etc/os-release ]; then
+  # shellcheck disable=SC1091
+  id_like="$(. /etc/os-release && echo "${ID:-} ${ID_LIKE:-}")"
+fi
+# The same tools under other distributions' package names.
+other_pkgs() {
+  local p out=()
+  for p in "${missing_pkgs[@]}"; do
+    case "$p" in
+      mount) out+=(util-linux) ;;
+      coreutils | tar | make | zstd | debootstrap | e2fsprogs | util-linux | python3 | gcc) out+=("$p") ;;
+    esac
+  done
+  printf '%s\n' "${out[@]}" | sort -u | paste -sd' ' -
+}
+
+case " $id_like " in
+  *" debian "* | *" ubuntu "*)
+    if [ "$(id -u)" -ne 0 ]; then
+      say "run as root to install them (sudo make ...), or: sudo apt-get install --no-install-recommends ${missing_pkgs[*]}"
+      exit 1
+    fi
+    say "installing ${missing_pkgs[*]} with apt-get (once)"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -q --no-install-recommends "${missing_pkgs[@]}" >/tmp/sandboxd-apt.log 2>&1; then
+      apt-get update -q >>/tmp/sandboxd-apt.log 2>&1 || true
+      apt-get install -y -q --no-install-recommends "${missing_pkgs[@]}" >>/tmp/sandboxd-apt.log 2>&1 \
+        || { tail -15 /tmp/sandboxd-apt.log >&2; say "apt-get install ${missing_pkgs[*]} failed (log: /tmp/sandboxd-apt.log)"; exit 1; }
+    fi
+    say "installed ${missing_pkgs[*]}"
+    ;;
+  *" fedora "* | *" rhel "* | *" centos "*)
+    say "install them with: sudo dnf install -y $(other_pkgs)"
+    exit 1 ;;
+  *" arch "*)
+    say "install them with: sudo pacman -S --needed $(other_pkgs)"
+    exit 1 ;;
+  *" suse "* | *" opensuse "*)
+    say "install them with: sudo zypper install -y $(other_pkgs)"
+    exit 1 ;;
+  *)
+    say "install these with your distribution's package manager: $(other_pkgs)"
+    exit 1 ;;
+esac
+[ -z "${cargo_missing:-}" ] || exit 1
