@@ -63,10 +63,13 @@ if [ -z "${SANDBOXD_ROOTFS_UNSHARED:-}" ]; then
   SANDBOXD_ROOTFS_UNSHARED=1 exec unshare --mount --propagation private -- "$0" "$@"
 fi
 
-mkdir -p "$out" 2>/dev/null || refuse "cannot create $out; choose another output directory"
-free_mb=$(df -Pm "$out" | awk 'NR==2 {print $4}')
+# Free space where OUT_DIR is (or will be): nothing is made before this passes.
+probe=$out
+while [ ! -d "$probe" ]; do probe=$(dirname "$probe"); done
+free_mb=$(df -Pm "$probe" | awk 'NR==2 {print $4}')
 [ "$free_mb" -ge "$min_free_mb" ] \
-  || refuse "only $free_mb MiB free in $out, the build needs $min_free_mb MiB; free some space or pass another directory (rootfs/build.sh DIR)"
+  || refuse "only $free_mb MiB free in $probe, the build needs $min_free_mb MiB; free some space or pass another directory (rootfs/build.sh DIR)"
+mkdir -p "$out" 2>/dev/null || refuse "cannot create $out; choose another output directory"
 
 # Only what goes into the image counts: support/kernel.py is embedded in the daemon.
 recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sandboxd_runner.py support/sitecustomize.py | sha256sum | cut -c1-16)

@@ -145,6 +145,11 @@ png = urllib.request.urlopen(figures[0]["url"], timeout=30).read()
 assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000, png[:16]
 print(f"health ok (rootfs {health['rootfs_sha256'][:12]}), figure {figures[0]['path']} {len(png)} bytes")
 PY
+# The rootfs built on this Debian 13 host, next to the recipe's: the content hash
+# must not depend on the host that built it.
+manifest=$(ls "$tree"/var/cache/sandboxd/rootfs/rootfs-*.manifest.json)
+cp "$manifest" "$base/fresh-host.manifest.json"
+say "rootfs built in the tree: $(basename "$manifest"), $(grep -o '"content_hash": "[^"]*"' "$manifest"), tarball sha256 $(cat "$tree"/var/cache/sandboxd/rootfs/rootfs-*.tar.zst.sha256)"
 kill -TERM -- "-$daemon_pid" 2>/dev/null || true
 wait "$daemon_pid" 2>/dev/null || true
 daemon_pid=""

@@ -134,7 +134,10 @@ pub fn kernel(release: &str) -> Item {
         Some(v) if v < GOOD_KERNEL => Item::new(
             NAME,
             Status::Warn,
-            format!("Linux {release}: runs, but {}.{}+ is needed for Landlock's network rules", GOOD_KERNEL.0, GOOD_KERNEL.1),
+            format!(
+                "Linux {release}: runs, but {}.{}+ is needed for Landlock's network rules",
+                GOOD_KERNEL.0, GOOD_KERNEL.1
+            ),
             upgrade,
         ),
         Some(_) => Item::ok(NAME, format!("Linux {release}")),
@@ -168,14 +171,23 @@ pub fn seccomp(status: &str) -> Item {
     } else if has("Seccomp:") {
         Item::new(NAME, Status::Fail, "seccomp without filters", "use a kernel built with CONFIG_SECCOMP_FILTER=y")
     } else {
-        Item::new(NAME, Status::Fail, "not in this kernel", "use a kernel built with CONFIG_SECCOMP=y and CONFIG_SECCOMP_FILTER=y")
+        Item::new(
+            NAME,
+            Status::Fail,
+            "not in this kernel",
+            "use a kernel built with CONFIG_SECCOMP=y and CONFIG_SECCOMP_FILTER=y",
+        )
     }
 }
 
 /// The sysctls that allow or forbid user namespaces; `None` when the file does
 /// not exist. Pooled runs make a user namespace from inside another, without
 /// capabilities on the host, so they count as unprivileged.
-pub fn user_namespaces(max: Option<&str>, apparmor_restrict: Option<&str>, unprivileged_clone: Option<&str>) -> Vec<Item> {
+pub fn user_namespaces(
+    max: Option<&str>,
+    apparmor_restrict: Option<&str>,
+    unprivileged_clone: Option<&str>,
+) -> Vec<Item> {
     const NAME: &str = "user namespaces";
     let mut items = Vec::new();
     let max_item = match max.map(str::trim) {
@@ -287,9 +299,19 @@ pub fn loop_devices(loop_control: bool, loop_module_loaded: bool) -> Item {
     if loop_control {
         Item::ok(NAME, "/dev/loop-control present")
     } else if loop_module_loaded {
-        Item::new(NAME, Status::Fail, "the loop driver is loaded but /dev/loop-control is missing", "mknod /dev/loop-control c 10 237 (or bind /dev into this container)")
+        Item::new(
+            NAME,
+            Status::Fail,
+            "the loop driver is loaded but /dev/loop-control is missing",
+            "mknod /dev/loop-control c 10 237 (or bind /dev into this container)",
+        )
     } else {
-        Item::new(NAME, Status::Fail, "no /dev/loop-control: the loop driver is not loaded", "modprobe loop (and add `loop` to /etc/modules)")
+        Item::new(
+            NAME,
+            Status::Fail,
+            "no /dev/loop-control: the loop driver is not loaded",
+            "modprobe loop (and add `loop` to /etc/modules)",
+        )
     }
 }
 
@@ -298,12 +320,20 @@ pub fn free_space(dir: &Path, available: Option<u64>) -> Item {
     const NAME: &str = "free space";
     let mib = |b: u64| b >> 20;
     match available {
-        None => Item::new(NAME, Status::Fail, format!("cannot stat {}", dir.display()), "create the state directory, or set state_dir to a directory that exists"),
+        None => Item::new(
+            NAME,
+            Status::Fail,
+            format!("cannot stat {}", dir.display()),
+            "create the state directory, or set state_dir to a directory that exists",
+        ),
         Some(b) if b < MIN_FREE_BYTES => Item::new(
             NAME,
             Status::Fail,
             format!("{} MiB free in {}", mib(b), dir.display()),
-            format!("free space there (at least {} MiB), or set state_dir to a larger file system", mib(MIN_FREE_BYTES)),
+            format!(
+                "free space there (at least {} MiB), or set state_dir to a larger file system",
+                mib(MIN_FREE_BYTES)
+            ),
         ),
         Some(b) if b < LOW_FREE_BYTES => Item::new(
             NAME,
@@ -433,7 +463,12 @@ impl Facts {
         items.push(cgroups(&self.mountinfo, self.v2_controllers.as_deref()));
         items.push(loop_devices(self.loop_control, self.loop_module));
         items.push(free_space(&self.state_dir, self.free_bytes));
-        items.push(rootfs(&self.tarball, self.tarball_exists, self.tarball_sha256.as_deref(), self.content_hash.as_deref()));
+        items.push(rootfs(
+            &self.tarball,
+            self.tarball_exists,
+            self.tarball_sha256.as_deref(),
+            self.content_hash.as_deref(),
+        ));
         Report::new(items)
     }
 }
@@ -450,10 +485,14 @@ pub fn remember(state_dir: &Path, tarball: &Path) {
 #[utoipa::path(get, path = "/v1/check", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
 pub async fn route() -> axum::Json<Report> {
     let (state_dir, tarball) = INPUTS.get().cloned().unwrap_or_default();
-    let report = tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report())
-        .await
-        .unwrap_or_else(|e| {
-            Report::new(vec![Item::new("check", Status::Fail, format!("the check did not finish: {e}"), "see the daemon's log")])
+    let report =
+        tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report()).await.unwrap_or_else(|e| {
+            Report::new(vec![Item::new(
+                "check",
+                Status::Fail,
+                format!("the check did not finish: {e}"),
+                "see the daemon's log",
+            )])
         });
     axum::Json(report)
 }
