@@ -19,7 +19,7 @@ tools=(
   "unshare:util-linux:keeps the rootfs build's mounts private"
   "flock:util-linux:one rootfs build at a time"
   "mountpoint:util-linux:the rootfs build's clean-up"
-  "losetup:util-linux:session workspaces are ext4 images on loop devices"
+  "losetup:mount:session workspaces are ext4 images on loop devices"
   "mount:mount:mounts workspaces and the sandbox's file systems"
   "mkfs.ext4:e2fsprogs:makes session workspaces"
   "make:make:runs the Makefile"

@@ -418,6 +418,8 @@ impl Facts {
         });
         let v2_controllers = v2_root.and_then(|r| read(r.join("cgroup.controllers")));
         let stat_dir = existing_ancestor(state_dir);
+        // The field types of statvfs differ between targets (u64 here, u32 on some).
+        #[allow(clippy::unnecessary_cast)]
         let free_bytes = nix::sys::statvfs::statvfs(&stat_dir)
             .ok()
             .map(|s| (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64));
