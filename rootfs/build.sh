@@ -187,6 +187,8 @@ current="slim"; next "remove docs, caches, tests and headers"
 rm -rf "$root"/usr/share/{doc,man,info,locale,lintian,linda,bug} "$root"/var/cache/apt/* \
   "$root"/var/lib/apt/lists/* "$root"/var/log/* "$root"/var/cache/debconf/*-old
 rm -rf --one-file-system "$root"/dev/*
+# Left by some debootstrap versions (mount's utab): /run is empty in the image.
+rm -rf --one-file-system "$root"/run/*
 sp="$root/opt/py/lib/python3.11/site-packages"
 # numpy.testing imports numpy/_core/tests/_natype.py: keep that one module.
 find "$sp" -depth -type d \( -name tests -o -name test -o -name __pycache__ \) ! -path '*/numpy/_core/tests' -prune -exec rm -rf {} +
@@ -199,10 +201,12 @@ current="compile"; next "precompile .pyc, build the matplotlib font cache, impor
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount --make-rslave "$root/dev"
-chroot "$root" /opt/py/bin/python -m compileall -q -j0 --invalidation-mode unchecked-hash /opt/py/lib/python3.11/site-packages /usr/lib/python3.11 /opt/sandboxd >/dev/null \
+# Reproducible whatever the host's environment: no .pyc written by imports (only
+# compileall's, hash-based), a fixed hash seed (set constants, matplotlib's font list).
+in_root PYTHONDONTWRITEBYTECODE=1 PYTHONHASHSEED=0 /opt/py/bin/python -m compileall -q -j0 --invalidation-mode unchecked-hash /opt/py/lib/python3.11/site-packages /usr/lib/python3.11 /opt/sandboxd >/dev/null \
   || die "compileall failed"
 mkdir -p "$root/opt/sandboxd/mplconfig"
-chroot "$root" /usr/bin/env -i HOME=/tmp MPLCONFIGDIR=/opt/sandboxd/mplconfig MPLBACKEND=Agg /opt/py/bin/python -c '
+chroot "$root" /usr/bin/env -i PYTHONDONTWRITEBYTECODE=1 PYTHONHASHSEED=0 HOME=/tmp MPLCONFIGDIR=/opt/sandboxd/mplconfig MPLBACKEND=Agg /opt/py/bin/python -c '
 import numpy, pandas, scipy, sklearn, matplotlib, matplotlib.pyplot, seaborn, PIL, openpyxl, pyarrow, reportlab
 import numpy.testing, scipy.stats, scipy.optimize, sklearn.ensemble, sklearn.linear_model, pandas.plotting
 import pyarrow.parquet, reportlab.pdfgen.canvas, PIL.Image
@@ -214,7 +218,7 @@ ls "$root/opt/sandboxd/mplconfig"/fontlist-*.json >/dev/null || die "matplotlib 
 unmount_all
 
 current="manifest"; next "write the manifest"
-chroot "$root" /usr/bin/env -i /opt/py/bin/python - "$recipe_hash" >"$work/manifest.partial.json" <<'PY'
+chroot "$root" /usr/bin/env -i PYTHONDONTWRITEBYTECODE=1 /opt/py/bin/python - "$recipe_hash" >"$work/manifest.partial.json" <<'PY'
 import hashlib, importlib.metadata as md, json, os, sys, platform
 h = hashlib.sha256()
 for top, dirs, files in os.walk("/", topdown=True):
