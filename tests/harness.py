@@ -250,12 +250,14 @@ class Daemon:
                 except FileNotFoundError:  # removed since it was listed
                     continue
                 slot = running and len(members) == 1 and _is_slot(members[0])
-                # A ready pooled template: the slot and the sandbox's helper (root), its
-                # init, the template interpreter and its fork waiting for the next run
-                # (outer process, the fork's init, its program), all the pool's uid.
-                pooled = (running and len(members) == 7 and sum(map(_is_slot, members)) == 2
+                # A pooled template: the slot and the sandbox's helper (root), its init,
+                # and the template interpreter, all the pool's uid; once ready, with its
+                # fork waiting for the next run (outer process, the fork's init, its
+                # program): 7 in all. While it still imports (a loaded machine), 4.
+                pythons = sum(map(self.is_pooled_python, members))
+                pooled = (running and len(members) in (4, 7) and sum(map(_is_slot, members)) == 2
                           and sum(self.is_pooled_python(m, init=True) for m in members) == 1
-                          and sum(map(self.is_pooled_python, members)) == 4)
+                          and pythons == len(members) - 3)
                 if not (slot or pooled):
                     groups.append((str(d), [(m, _cmdline(m)) for m in members]))
         if groups:
