@@ -82,7 +82,8 @@ async fn serve(config: Config) -> Result<(), Error> {
 
     let sessions =
         Manager::new(&config.state_dir, policies, config.max_sessions, config.session_ttl_s, config.uid_base)
-            .map_err(|e| Error::State(config.state_dir.clone(), e))?;
+            .map_err(|e| Error::State(config.state_dir.clone(), e))?
+            .with_token_quotas(config.token_max_sessions, config.token_max_runs);
     let recovered = sessions.recover().await;
     if recovered > 0 {
         tracing::info!(sessions = recovered, "took back sessions from an earlier run");
