@@ -208,7 +208,7 @@ def test_large_download_streams(daemon):
 def raw_request(port, method, path, body=b""):
     """Send a request byte for byte (no client normalises the path); return (status, json)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
         sock.sendall(head.encode() + body)
         data = b""
         while chunk := sock.recv(65536):

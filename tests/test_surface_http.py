@@ -89,6 +89,13 @@ def test_foreign_origin_is_refused_and_nothing_runs(daemon):
         assert c.delete(f"/v1/sessions/{sid}").status_code == 200
 
 
+def test_new_error_codes_are_documented(daemon):
+    with daemon.uds() as c:
+        codes = c.get("/v1/openapi.json").json()["components"]["schemas"]["Code"]["enum"]
+    for code in ("forbidden", "unsupported_media_type", "request_timeout", "max_sessions", "max_runs"):
+        assert code in codes, codes
+
+
 def test_host_must_be_a_served_name(daemon):
     with daemon.http() as c:
         for host in ("evil.example", f"evil.example:{daemon.port}", f"localhost:{daemon.port + 1}", ""):

@@ -141,14 +141,14 @@ pub fn key(id: &str, owner: Option<&str>) -> Result<String, ApiError> {
             Ok(format!("{}.{id}", tenant(o)))
         }
         None => {
-            if let Some((t, rest)) = id.split_once('.') {
-                let is_tenant = t.len() == 16 && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-                if is_tenant && validate_id(rest).is_ok() {
-                    return Ok(id.to_string());
-                }
+            let is_key = id.split_once('.').is_some_and(|(t, rest)| {
+                t.len() == 16
+                    && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                    && validate_id(rest).is_ok()
+            });
+            if !is_key {
                 validate_id(id)?;
             }
-            validate_id(id)?;
             Ok(id.to_string())
         }
     }
@@ -587,6 +587,26 @@ impl Manager {
             if let Err(e) = storage::unmount(&self.session_dir(&id)).await {
                 tracing::warn!(session_id = %id, error = %e, "could not unmount a workspace");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn each_token_has_its_own_id_space_and_the_operator_addresses_keys() {
+        let a = "0123456789abcdef0123456789abcdef";
+        let b = "fedcba9876543210fedcba9876543210";
+        assert_eq!(key("x", Some(a)).unwrap(), "0123456789abcdef.x");
+        assert_ne!(key("x", Some(a)).unwrap(), key("x", Some(b)).unwrap());
+        assert_eq!(key("x", None).unwrap(), "x");
+        assert_eq!(key("0123456789abcdef.x", None).unwrap(), "0123456789abcdef.x");
+        // A token cannot name a key, and nobody names a malformed one.
+        assert_eq!(key("0123456789abcdef.x", Some(b)).unwrap_err().code, Code::InvalidSessionId);
+        for bad in ["0123456789ABCDEF.x", "0123.x", "0123456789abcdef.", "0123456789abcdef.x.y", "../x", ""] {
+            assert_eq!(key(bad, None).unwrap_err().code, Code::InvalidSessionId, "{bad}");
         }
     }
 }
