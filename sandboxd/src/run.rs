@@ -281,7 +281,7 @@ pub async fn execute(
     };
     let result = RunResult {
         run_id: run_id.clone(),
-        session_id: lease.id.clone(),
+        session_id: lease.public_id.clone(),
         status,
         exit_code: outcome.exit_code,
         signal: outcome.signal.map(signal_name),
@@ -331,7 +331,12 @@ async fn find_artifacts(
             };
             Artifact {
                 mime_type: artifacts::mime_type(&e.path),
-                url: format!("{}/v1/sessions/{}/files/{}", ctx.public_url, lease.id, artifacts::url_path(&e.path)),
+                url: format!(
+                    "{}/v1/sessions/{}/files/{}",
+                    ctx.public_url,
+                    lease.public_id,
+                    artifacts::url_path(&e.path)
+                ),
                 size_bytes: e.size,
                 path: name,
                 kind,
@@ -378,7 +383,7 @@ async fn execute_cell(
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
     let mut result = RunResult {
         run_id: run_id.clone(),
-        session_id: lease.id.clone(),
+        session_id: lease.public_id.clone(),
         status: Status::Ok,
         exit_code: None,
         signal: None,

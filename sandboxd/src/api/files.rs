@@ -71,7 +71,7 @@ fn open_workspace(
     id: &str,
 ) -> Result<(Workspace, crate::session::SessionInfo), ApiError> {
     let info = state.sessions.get(id, caller.owner.as_deref())?;
-    let ws = Workspace::open(&state.sessions.workspace(id))?;
+    let ws = Workspace::open(&state.sessions.workspace_of(id, caller.owner.as_deref())?)?;
     Ok((ws, info))
 }
 
@@ -82,8 +82,7 @@ pub async fn list(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<FileEntry>>, ApiError> {
-    state.sessions.get(&id, caller.owner.as_deref())?;
-    let root = state.sessions.workspace(&id);
+    let root = state.sessions.workspace_of(&id, caller.owner.as_deref())?;
     let files = tokio::task::spawn_blocking(move || artifacts::walk(&root))
         .await
         .map_err(|e| ApiError::internal("listing files", e))?;
