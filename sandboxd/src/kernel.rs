@@ -95,7 +95,7 @@ struct Sent<'a> {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum KernelMessage {
     /// kernel.py is running and serves cells.
-    Ready,
+    Ready {},
     /// Output of the cell with `nonce`, as it was produced.
     Chunk { nonce: String, stream: Stream, text: String },
     /// The cell with `nonce` is over. Its output came as chunks before.
@@ -201,7 +201,7 @@ impl Cell {
 
     pub fn take(&mut self, msg: KernelMessage) -> Result<Step, Unexpected> {
         match msg {
-            KernelMessage::Ready => Err(Unexpected),
+            KernelMessage::Ready {} => Err(Unexpected),
             KernelMessage::Chunk { nonce, .. } | KernelMessage::Reply { nonce, .. } if nonce != self.nonce => {
                 Ok(Step::Nothing)
             }
@@ -311,7 +311,7 @@ impl Kernel {
         let ready = async {
             let init_pid = started_rx.await.map_err(|_| "the sandbox did not start".to_string())?;
             match reader.next::<KernelMessage>().await {
-                Ok(Some(KernelMessage::Ready)) => Ok(init_pid),
+                Ok(Some(KernelMessage::Ready {})) => Ok(init_pid),
                 Ok(Some(_)) => Err("it sent something else than \"ready\" first".to_string()),
                 Ok(None) => Err("it closed its channel".to_string()),
                 Err(e) => Err(e.to_string()),
@@ -452,7 +452,7 @@ mod tests {
     #[test]
     fn messages_round_trip_and_nothing_else_parses() {
         let all = [
-            KernelMessage::Ready,
+            KernelMessage::Ready {},
             chunk("n", Stream::Stderr, "é\n"),
             KernelMessage::Reply {
                 nonce: "n".into(),
@@ -499,7 +499,7 @@ mod tests {
             Ok(Step::Reply(r)) => assert_eq!((r.stdout.as_str(), r.stdout_truncated), ("mine", false)),
             other => panic!("{other:?}"),
         }
-        assert_eq!(cell.take(KernelMessage::Ready), Err(Unexpected));
+        assert_eq!(cell.take(KernelMessage::Ready {}), Err(Unexpected));
     }
 
     #[test]
