@@ -30,11 +30,11 @@ pub mod template;
 use channel::LineReader;
 use output::{Captured, Chunk, StreamKind};
 use spec::{Event, SandboxSpec};
-use template::{ForkMessage, Report, RunClaim, TemplateMessage};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use template::{ForkMessage, Report, RunClaim, TemplateMessage};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, watch};
@@ -375,7 +375,8 @@ impl Forked {
     /// Still waiting for its code: nothing said, nothing closed.
     fn quiet(&self) -> bool {
         let mut byte = [0u8; 1];
-        let report_quiet = matches!(self.report.get_ref().try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        let report_quiet =
+            matches!(self.report.get_ref().try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
         self.program.is_idle() && quiet(self.program.get_ref()) && self.report.is_idle() && report_quiet
     }
 }
@@ -496,8 +497,7 @@ impl Template {
         ours.set_nonblocking(true).map_err(Error::Control)?;
         let mut line = serde_json::to_vec(request).map_err(|e| Error::Control(e.into()))?;
         line.push(b'\n');
-        let fds =
-            [library.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd(), theirs.as_raw_fd(), report_w.as_raw_fd()];
+        let fds = [library.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd(), theirs.as_raw_fd(), report_w.as_raw_fd()];
         send_with_fds(self.program.get_ref(), &line, &fds).await?;
         let program = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?;
         let report = tokio::net::unix::pipe::Receiver::from_owned_fd(report_r).map_err(Error::Control)?;

@@ -305,12 +305,7 @@ mod tests {
 
     #[test]
     fn a_pooled_sandbox_starts_without_a_workspace() {
-        let ops = plan(&Layout {
-            rootfs: Path::new("/r"),
-            workspace: None,
-            tmp_size_bytes: 1,
-            shm_size_bytes: 1,
-        });
+        let ops = plan(&Layout { rootfs: Path::new("/r"), workspace: None, tmp_size_bytes: 1, shm_size_bytes: 1 });
         assert!(!ops.iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/mnt/data"))));
         assert_eq!(ops.len() + 2, layout().len());
     }

@@ -34,9 +34,9 @@ use super::namespaces;
 use super::spec::{ChildSpec, Event, SANDBOX_GID, SANDBOX_UID};
 use nix::sys::signal::Signal;
 use nix::unistd::{fork, ForkResult};
+use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{Read, Write};
-use serde::{Deserialize, Serialize};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
