@@ -29,9 +29,11 @@
 //! How the run ended is the report of the fork's outer process, on the report
 //! channel that no process of the run holds (`{"exit_code"}`, `{"signal"}` or, before
 //! the code, `{"failed"}`). The run's claim of its exit code is taken when it comes
-//! first (it saves the program's exit, unmapping its copy of the template, ~N ms, on
-//! the critical path): it can only say what the run could have chosen anyway by
-//! exiting with that code at that moment. Signals, failures, timeouts and OOM kills
+//! first: it can only say what the run could have chosen anyway by exiting with
+//! that code at that moment. It keeps the program's exit (unmapping its copy of the
+//! template) and the fork's teardown off the critical path: measured on 2 busy cores,
+//! a pooled `print(1)` took 7.6 ms p50 with the claim against 37.6 ms with the
+//! report alone (and 7.8 ms before the report channel existed). Signals, failures, timeouts and OOM kills
 //! come only from the report, the daemon's timer and the cgroup. Anything else on
 //! the run's socket is a protocol violation: the daemon logs a short escaped
 //! excerpt at info, hangs up (the runner then exits) and takes the report.
