@@ -36,7 +36,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{fork, ForkResult};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
@@ -174,12 +174,28 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
             // SAFETY: `socket` is ours (see sandboxd_enter); only the run's process
             // uses it from here on.
             unsafe { libc::close(socket) };
-            let mut text = String::new();
-            let _ = File::from(report_r).read_to_string(&mut text);
-            let status = nix::sys::wait::waitpid(child, None);
             // SAFETY: `report` is ours (see sandboxd_enter); this process ends below.
             let mut out = unsafe { File::from_raw_fd(report) };
-            send(&mut out, &final_message(&text, status));
+            // The init's final line comes once the program is gone: report it then,
+            // not after the init's own exit (the rest of the run's teardown).
+            let mut lines = std::io::BufReader::new(File::from(report_r));
+            let mut text = String::new();
+            let mut reported = false;
+            while !reported {
+                match std::io::BufRead::read_line(&mut lines, &mut text) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(r) = final_report(&text) {
+                    send(&mut out, &r);
+                    reported = true;
+                }
+            }
+            // Reaped only once the run is gone: the template's "reaped" means that.
+            let status = nix::sys::wait::waitpid(child, None);
+            if !reported {
+                send(&mut out, &final_message(&text, status));
+            }
             drop(alive_w);
             // SAFETY: leave without running the template's atexit handlers or
             // destructors: this process is a copy of the template's Python.
@@ -190,13 +206,21 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
 
 /// How the run ended, from the init's report (or, without one, its own status).
 fn final_message(report: &str, status: nix::Result<nix::sys::wait::WaitStatus>) -> Report {
-    let last = report.lines().filter_map(init::parse_report).rfind(|e| !matches!(e, Event::Warning { .. }));
-    match (last, status) {
-        (Some(Event::Exited { code }), _) => Report::ExitCode(code),
-        (Some(Event::Signaled { signal }), _) => Report::Signal(signal),
-        (Some(Event::SetupFailed { step, error }), _) => Report::Failed { step, error },
+    match (final_report(report), status) {
+        (Some(r), _) => r,
         (_, Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => Report::Signal(sig as i32),
         _ => Report::Signal(libc::SIGKILL),
+    }
+}
+
+/// How the run ended, once the init's report (complete lines) says so.
+fn final_report(report: &str) -> Option<Report> {
+    let complete = &report[..report.rfind('\n')? + 1];
+    match complete.lines().filter_map(init::parse_report).rfind(|e| !matches!(e, Event::Warning { .. }))? {
+        Event::Exited { code } => Some(Report::ExitCode(code)),
+        Event::Signaled { signal } => Some(Report::Signal(signal)),
+        Event::SetupFailed { step, error } => Some(Report::Failed { step, error }),
+        _ => None,
     }
 }
 
@@ -298,6 +322,10 @@ mod tests {
             final_message("F landlock\tnope\n", Ok(WaitStatus::Exited(pid, 0))),
             Report::Failed { step: "landlock".into(), error: "nope".into() }
         );
+        // Reported as soon as a final line is complete; a warning is not one.
+        assert_eq!(final_report("W careful\n"), None);
+        assert_eq!(final_report("W careful\nX 0"), None);
+        assert_eq!(final_report("W careful\nX 0\n"), Some(Report::ExitCode(0)));
     }
 
     #[test]
