@@ -105,7 +105,6 @@ async fn serve(config: Config) -> Result<(), Error> {
         ctx: Context {
             sandboxes: sandboxes.clone(),
             pool: pool.clone(),
-            kernel_dir: sessions.kernel_dir.clone(),
             sessions,
             rootfs: rootfs.path.clone(),
             public_url: config.public_url.clone(),

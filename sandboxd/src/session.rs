@@ -74,8 +74,6 @@ pub struct Manager {
     /// Most sessions one token holds, and runs it has going, at once.
     token_max_sessions: usize,
     token_max_runs: usize,
-    /// Where kernels' control sockets live.
-    pub kernel_dir: PathBuf,
 }
 
 /// Marks a session busy for one run; dropping it frees the session.
@@ -178,7 +176,8 @@ impl Manager {
     ) -> std::io::Result<Manager> {
         let dir = state_dir.join("sessions");
         std::fs::create_dir_all(&dir)?;
-        // No kernel outlives the daemon that started it: their control sockets go too.
+        // Kernels' control sockets of older versions lived here (kernels now get
+        // theirs as an inherited fd).
         let _ = std::fs::remove_dir_all(state_dir.join("kernels"));
         // The sandbox (an unprivileged host uid) must traverse to its workspace.
         std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o711))?;
@@ -192,7 +191,6 @@ impl Manager {
             sessions: Mutex::new(HashMap::new()),
             idle: Notify::new(),
             kernels: tokio::sync::Mutex::new(HashMap::new()),
-            kernel_dir: state_dir.join("kernels"),
             token_max_sessions: max_sessions,
             token_max_runs: max_sessions,
         })

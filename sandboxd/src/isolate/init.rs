@@ -77,7 +77,6 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
         workspace: spec.workspace.as_deref(),
         tmp_size_bytes: spec.tmp_size_bytes,
         shm_size_bytes: spec.shm_size_bytes,
-        control_dir: spec.control_dir.as_deref(),
     });
     mounts::apply(&plan).map_err(Failure::at("mounts"))?;
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;

@@ -72,8 +72,6 @@ pub struct Layout<'a> {
     pub workspace: Option<&'a Path>,
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
-    /// Bound read-only at `/run` when given.
-    pub control_dir: Option<&'a Path>,
 }
 
 /// The mount operations, in order.
@@ -108,10 +106,6 @@ pub fn plan(l: &Layout) -> Vec<MountOp> {
         ops.push(Symlink { target, link: dev.join(name) });
     }
     ops.push(RemountReadOnly { path: dev });
-    if let Some(dir) = l.control_dir {
-        ops.push(Bind { src: dir.into(), dst: root.join("run"), file: false });
-        ops.push(RemountReadOnly { path: root.join("run") });
-    }
     ops.push(Proc { dst: root.join("proc") });
     ops.push(PivotRoot { new_root: root.into() });
     ops
@@ -284,7 +278,6 @@ mod tests {
             workspace: Some(Path::new("/w")),
             tmp_size_bytes: 1 << 20,
             shm_size_bytes: 2 << 20,
-            control_dir: None,
         })
     }
 
@@ -306,29 +299,13 @@ mod tests {
     }
 
     #[test]
-    fn a_control_dir_is_bound_read_only_at_run() {
-        let ops = plan(&Layout {
-            rootfs: Path::new("/r"),
-            workspace: Some(Path::new("/w")),
-            tmp_size_bytes: 1,
-            shm_size_bytes: 1,
-            control_dir: Some(Path::new("/c")),
-        });
-        let bind = ops.iter().position(|o| *o == MountOp::Bind { src: "/c".into(), dst: "/r/run".into(), file: false });
-        let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r/run".into() });
-        assert!(bind.is_some() && ro > bind);
-        assert!(!layout().iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/run"))));
+    fn nothing_is_bound_at_run() {
+        assert!(!layout().iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst.starts_with("/r/run"))));
     }
 
     #[test]
     fn a_pooled_sandbox_starts_without_a_workspace() {
-        let ops = plan(&Layout {
-            rootfs: Path::new("/r"),
-            workspace: None,
-            tmp_size_bytes: 1,
-            shm_size_bytes: 1,
-            control_dir: None,
-        });
+        let ops = plan(&Layout { rootfs: Path::new("/r"), workspace: None, tmp_size_bytes: 1, shm_size_bytes: 1 });
         assert!(!ops.iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/mnt/data"))));
         assert_eq!(ops.len() + 2, layout().len());
     }
