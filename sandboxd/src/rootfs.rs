@@ -93,6 +93,7 @@ pub fn ensure(tarball: &Path, state_dir: &Path) -> Result<Rootfs, Error> {
         .and_then(|()| fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)))
         .map_err(|e| Error::Unpack(dir.clone(), e))?;
     remove_partial(&dir);
+    note_unpacked_trees(&dir);
     let image = image_path(state_dir, &expected);
     if !image.is_file() {
         make_image(&tarball, &dir, &image, &expected)?;
@@ -165,6 +166,19 @@ fn remove_partial(dir: &Path) {
         tracing::info!(path = %entry.path().display(), "removing a half-made rootfs");
         let path = entry.path();
         let _ = if path.is_dir() && !path.is_symlink() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+    }
+}
+
+/// Earlier versions used the unpacked tree (`rootfs/<sha256>/`) itself; a daemon of
+/// that version may still be running on a shared directory, so it is left in place.
+fn note_unpacked_trees(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) && entry.path().is_dir() {
+            tracing::info!(path = %entry.path().display(), "a rootfs unpacked by an earlier version is unused now: remove it once no older sandboxd runs on this directory");
+        }
     }
 }
 
