@@ -23,8 +23,8 @@ def attempt(f):
         return f()
     except OSError as e:
         return errno.errorcode.get(e.errno, str(e.errno))
-def write(path, data):
-    fd = os.open(path, os.O_WRONLY)
+def write(path, data, flags=0):
+    fd = os.open(path, os.O_WRONLY | flags)
     os.write(fd, data)
     return "written"
 mountinfo = open("/proc/self/mountinfo").read()
@@ -34,6 +34,7 @@ print(json.dumps({
     "kallsyms": attempt(lambda: len(open("/proc/kallsyms", "rb").read())),
     "sysrq": attempt(lambda: write("/proc/sysrq-trigger", b"h")),
     "sysctl": attempt(lambda: write("/proc/sys/kernel/hostname", b"x")),
+    "sysctl_trunc": attempt(lambda: write("/proc/sys/kernel/hostname", b"x", os.O_TRUNC)),
     "acpi": attempt(lambda: os.listdir("/proc/acpi")) if os.path.exists("/proc/acpi") else None,
     "mountinfo": mountinfo,
     "hostname": open("/proc/sys/kernel/hostname").read().strip(),
@@ -70,6 +71,8 @@ def assert_host_hidden(out, daemon, sid):
     # no /proc/sysrq-trigger (ENOENT), as this test host.
     assert out["sysrq"] == ("EACCES" if os.path.exists("/proc/sysrq-trigger") else "ENOENT"), out["sysrq"]
     assert out["sysctl"] == "EACCES", out["sysctl"]
+    # With O_TRUNC the kernel checks the mount first: /proc/sys is read-only.
+    assert out["sysctl_trunc"] == "EROFS", out["sysctl_trunc"]
     if os.path.exists("/proc/acpi"):
         assert out["acpi"] == [], out["acpi"]
     info = out["mountinfo"]
