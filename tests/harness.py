@@ -129,6 +129,7 @@ class Daemon:
 
     def start(self, timeout=120):
         self.state.mkdir(parents=True, exist_ok=True)
+        # The rootfs image is made once in SHARED_ROOTFS; each daemon mounts it itself.
         SHARED_ROOTFS.mkdir(parents=True, exist_ok=True)
         link = self.state / "rootfs"
         if not link.exists():
@@ -268,8 +269,11 @@ class Daemon:
             point = Path(line.split(" ")[4])
             if str(self.base) not in line:
                 continue
-            # A running daemon keeps each session's workspace image mounted on its data/.
+            # A running daemon keeps each session's workspace image mounted on its data/,
+            # and its rootfs image (shared with other test daemons) on mnt/rootfs.
             if running and point.parent.parent == sessions and point.name == "data":
+                continue
+            if running and point == self.state / "mnt" / "rootfs":
                 continue
             mounts.append(line)
         if mounts:

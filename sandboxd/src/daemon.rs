@@ -174,6 +174,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     pool.shutdown().await;
     sandboxes.shutdown().await;
     state.sessions.unmount_all().await;
+    rootfs.unmount();
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
     Ok(())
@@ -268,8 +269,10 @@ fn serve_until_stopped<L>(
     });
 }
 
-/// Sandboxes bind their rootfs and workspace from below the state directory as an
-/// unprivileged host uid, so every directory above it must be searchable by others.
+/// Sandboxes bind their rootfs (mounted at `mnt/rootfs`) and workspace from below
+/// the state directory as an unprivileged host uid, so every directory above it must
+/// be searchable by others. The state directory itself is 0711: searchable, never
+/// listable (see [`Manager::new`]); what is below it is root's or the session's.
 fn check_searchable(dir: &std::path::Path) -> Result<(), Error> {
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::State(dir.into(), e))?;
     for ancestor in dir.ancestors().skip(1) {

@@ -179,7 +179,8 @@ impl Manager {
         // Kernels' control sockets of older versions lived here (kernels now get
         // theirs as an inherited fd).
         let _ = std::fs::remove_dir_all(state_dir.join("kernels"));
-        // The sandbox (an unprivileged host uid) must traverse to its workspace.
+        // Sandboxes (unprivileged host uids) pass through to the rootfs and their
+        // workspace; nobody but root lists either directory.
         std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o711))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
         Ok(Manager {
@@ -246,7 +247,13 @@ impl Manager {
         let tmp = path.with_extension("json.tmp");
         let write = serde_json::to_vec_pretty(info)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|bytes| {
+                // Root's alone (0600), whatever an earlier write left behind.
+                let _ = std::fs::remove_file(&tmp);
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?.write_all(&bytes)
+            })
             .and_then(|_| std::fs::rename(&tmp, &path));
         if let Err(e) = write {
             tracing::warn!(session_id = %info.id, error = %e, "could not save the session description");
@@ -295,7 +302,7 @@ impl Manager {
         let dir = self.session_dir(&key);
         let made = async {
             std::fs::create_dir_all(&dir)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+            storage::restrict_dir(&dir, info.uid)?;
             storage::create(&dir, policy.workspace_bytes(), info.uid).await
         }
         .await;
@@ -541,7 +548,11 @@ impl Manager {
                     && self.policies.contains_key(&i.policy)
             });
             let mounted = match &keep {
-                Some(_) => storage::mount(&path).await,
+                Some(i) => match storage::mount(&path).await {
+                    // An earlier version left wider modes: fix them before serving.
+                    Ok(()) => storage::restrict(&path, i.uid),
+                    Err(e) => Err(e),
+                },
                 None => Err(std::io::Error::other("expired or invalid")),
             };
             match (keep, mounted) {

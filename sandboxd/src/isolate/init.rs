@@ -77,6 +77,8 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
         workspace: spec.workspace.as_deref(),
         tmp_size_bytes: spec.tmp_size_bytes,
         shm_size_bytes: spec.shm_size_bytes,
+        // A template's forks each mount (and mask) a fresh /proc of their own.
+        mask_proc: !spec.template,
     });
     mounts::apply(&plan).map_err(Failure::at("mounts"))?;
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;

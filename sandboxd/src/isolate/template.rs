@@ -130,6 +130,15 @@ pub fn fresh_mounts(spec: &ChildSpec) -> Vec<MountOp> {
     ]
 }
 
+/// The run's own `/proc`, masked as a cold sandbox's (the template's stays fully
+/// visible, which the kernel requires for this mount).
+pub fn fresh_proc() -> Vec<MountOp> {
+    let proc = PathBuf::from("/proc");
+    let mut ops = vec![MountOp::Proc { dst: proc.clone() }];
+    ops.extend(mounts::proc_masks(&proc));
+    ops
+}
+
 /// The id maps of the run's user namespace: the sandbox user maps to itself in the
 /// template's namespace (the only id a process may map without privileges there).
 pub fn id_maps() -> [(&'static str, String); 3] {
@@ -231,7 +240,7 @@ fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Fai
     let alive = File::from(alive);
     let prepared = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(Failure::at("PR_SET_PDEATHSIG"))
-        .and_then(|()| mounts::apply(&[MountOp::Proc { dst: PathBuf::from("/proc") }]).map_err(Failure::at("mounts")))
+        .and_then(|()| mounts::apply(&fresh_proc()).map_err(Failure::at("mounts")))
         .and_then(|()| namespaces::loopback_up().map_err(Failure::at("loopback")))
         .and_then(|()| init::lock_down_and_fork(&spec.rlimits, true, &mut report, &alive));
     match prepared {
@@ -309,6 +318,15 @@ mod tests {
             matches!(&ops[0], MountOp::Tmpfs { dst, size_bytes, noexec: false, .. } if dst.as_os_str() == "/tmp" && *size_bytes == 64 << 20)
         );
         assert!(matches!(&ops[1], MountOp::Tmpfs { dst, noexec: true, .. } if dst.as_os_str() == "/dev/shm"));
+    }
+
+    #[test]
+    fn a_fork_mounts_a_fresh_proc_then_masks_it() {
+        let ops = fresh_proc();
+        assert_eq!(ops[0], MountOp::Proc { dst: "/proc".into() });
+        assert_eq!(ops[1..], mounts::proc_masks(std::path::Path::new("/proc"))[..]);
+        assert!(ops.contains(&MountOp::MaskFile { path: "/proc/cmdline".into() }));
+        assert!(ops.contains(&MountOp::ReadOnly { path: "/proc/sysrq-trigger".into() }));
     }
 
     #[test]
