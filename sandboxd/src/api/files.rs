@@ -153,7 +153,14 @@ pub async fn upload(
     };
     let (ws, info) = open_workspace(&state, &caller, &id)?;
     let limit = state.sessions.policy(Some(&info.policy))?.upload_bytes();
-    let file = ws.create(&rel, overwrite)?;
+    let file = match ws.create(&rel, overwrite) {
+        Ok(file) => file,
+        Err(e) => {
+            // Answer the refusal to a client still sending, not a reset connection.
+            drain(body.into_data_stream()).await;
+            return Err(e.into());
+        }
+    };
     let mut writer = std::io::BufWriter::with_capacity(256 * 1024, file);
     let mut written: u64 = 0;
     let mut stream = body.into_data_stream();
