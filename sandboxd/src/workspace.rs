@@ -153,7 +153,16 @@ fn at(rel: &Path, wanted_dir: bool) -> impl Fn(nix::Error) -> Error + '_ {
 
 /// Open the single component `name` in `dir` as a directory, checked with fstat.
 fn open_dir<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path) -> Result<OwnedFd, Error> {
-    let fd = nix::fcntl::openat2(dir, name, how(OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)).map_err(at(rel, true))?;
+    let fd = nix::fcntl::openat2(&dir, name, how(OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)).map_err(|e| {
+        // O_DIRECTORY answers ENOTDIR for a symlink too: say which it is.
+        let link = e == nix::Error::ENOTDIR
+            && nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| is(&st, libc::S_IFLNK));
+        if link {
+            Error::Link(display(rel))
+        } else {
+            at(rel, true)(e)
+        }
+    })?;
     let st = nix::sys::stat::fstat(&fd).map_err(at(rel, true))?;
     if !is(&st, libc::S_IFDIR) {
         return Err(Error::NotDir(display(rel)));
