@@ -254,7 +254,12 @@ def test_uploads_never_create_directories_through_a_swapped_symlink(daemon, kern
             assert r.status_code == 400, r.text
             err = r.json()["error"]
             assert err["code"] == "invalid_path", err
-            assert err["message"] == "a is a symbolic link, which the daemon never follows: name the real file or directory instead"
+            # A link met by openat2; or, when it was exchanged back between the
+            # refused open and the look that says why, "not a directory".
+            assert err["message"] in (
+                "a is a symbolic link, which the daemon never follows: name the real file or directory instead",
+                "a is not a directory",
+            ), err
             codes[400] = codes.get(400, 0) + 1
     last = swaps(daemon, sid)
     assert last > first > 0, (first, last)
