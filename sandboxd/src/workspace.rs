@@ -263,7 +263,7 @@ impl Stat {
         Stat {
             ino: st.st_ino,
             size: st.st_size.max(0) as u64,
-            nlink: st.st_nlink as u64,
+            nlink: st.st_nlink,
             mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
             ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
         }
