@@ -310,10 +310,13 @@ async fn find_artifacts(
     snapshot: Snapshot,
     run_id: &str,
 ) -> Result<(Vec<Artifact>, bool), ApiError> {
-    let ws = lease.workspace.clone();
-    let changed = tokio::task::spawn_blocking(move || snapshot.changed(&ws))
-        .await
-        .map_err(|e| ApiError::internal("finding artifacts", e))?;
+    let (dir, uid) = (lease.workspace.clone(), lease.uid);
+    let changed = tokio::task::spawn_blocking(move || {
+        crate::workspace::Workspace::open(&dir, uid).and_then(|ws| snapshot.changed(&ws))
+    })
+    .await
+    .map_err(|e| ApiError::internal("finding artifacts", e))?
+    .map_err(|e| ApiError::internal("finding artifacts", e))?;
     let figure_prefix = format!("figure-{}-", &run_id[..8]);
     let max = lease.policy.max_artifacts;
     let truncated = changed.len() > max;
@@ -345,9 +348,10 @@ async fn find_artifacts(
 }
 
 async fn snapshot(lease: &Lease) -> Result<Snapshot, ApiError> {
-    let ws = lease.workspace.clone();
-    tokio::task::spawn_blocking(move || Snapshot::take(&ws))
+    let (dir, uid) = (lease.workspace.clone(), lease.uid);
+    tokio::task::spawn_blocking(move || crate::workspace::Workspace::open(&dir, uid).and_then(|ws| Snapshot::take(&ws)))
         .await
+        .map_err(|e| ApiError::internal("snapshotting the workspace", e))?
         .map_err(|e| ApiError::internal("snapshotting the workspace", e))
 }
 

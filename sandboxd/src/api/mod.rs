@@ -201,10 +201,3 @@ pub fn body_read_error(err: axum::Error, too_large: impl FnOnce() -> ApiError) -
     }
     ApiError::new(Code::InvalidRequest, format!("reading the request body failed: {inner}; send it again"))
 }
-
-/// Wrap a streamed request body (an upload) with an idle timeout. Every request
-/// body already passes through [`surface::guard`], which does this with the
-/// configured `body_timeout_s`; this is for bodies made or replaced later.
-pub fn idle_timeout(body: axum::body::Body, idle: std::time::Duration) -> axum::body::Body {
-    surface::idle_timeout(body, idle)
-}

@@ -201,12 +201,6 @@ pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next
     next.run(Request::from_parts(parts, body)).await
 }
 
-/// Wrap `body` so that reading it fails with [`BodyTimeout`] when the client sends
-/// nothing for `idle` while the reader waits. For uploads and other streamed bodies.
-pub fn idle_timeout(body: Body, idle: Duration) -> Body {
-    Body::new(TimedBody::new(body, idle, None))
-}
-
 /// A request body that stalled, or did not arrive whole before its deadline.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyTimeout {
