@@ -92,9 +92,20 @@ def assert_host_hidden(out, daemon, sid):
     assert out["hostname"] == "sandbox"
 
 
+def python_for_others():
+    """An interpreter any user may run: the test's own may live under root's 0700
+    home (pyenv, a venv in /root); the host's /usr/bin/python3 is the fallback."""
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        parts = os.path.realpath(candidate).split("/")
+        dirs = ["/".join(parts[:i]) or "/" for i in range(1, len(parts))]
+        if all(os.stat(d).st_mode & 0o001 for d in dirs) and os.stat(candidate).st_mode & 0o001:
+            return candidate
+    pytest.fail("no Python interpreter that other users may execute: install python3")
+
+
 def as_user(uid, code):
     """Run Python `code` as `uid` (its own gid, no other group); returns its stdout."""
-    out = subprocess.run([sys.executable, "-c", code], user=uid, group=uid, extra_groups=[],
+    out = subprocess.run([python_for_others(), "-I", "-c", code], user=uid, group=uid, extra_groups=[],
                          capture_output=True, text=True, timeout=30, cwd="/")
     assert out.returncode == 0, out
     return json.loads(out.stdout)
