@@ -129,6 +129,7 @@ class Daemon:
 
     def start(self, timeout=120):
         self.state.mkdir(parents=True, exist_ok=True)
+        # The rootfs image is made once in SHARED_ROOTFS; each daemon mounts it itself.
         SHARED_ROOTFS.mkdir(parents=True, exist_ok=True)
         link = self.state / "rootfs"
         if not link.exists():
@@ -250,12 +251,14 @@ class Daemon:
                 except FileNotFoundError:  # removed since it was listed
                     continue
                 slot = running and len(members) == 1 and _is_slot(members[0])
-                # A ready pooled template: the slot and the sandbox's helper (root), its
-                # init, the template interpreter and its fork waiting for the next run
-                # (outer process, the fork's init, its program), all the pool's uid.
-                pooled = (running and len(members) == 7 and sum(map(_is_slot, members)) == 2
+                # A pooled template: the slot and the sandbox's helper (root), its init,
+                # and the template interpreter, all the pool's uid; once ready, with its
+                # fork waiting for the next run (outer process, the fork's init, its
+                # program): 7 in all. While it still imports (a loaded machine), 4.
+                pythons = sum(map(self.is_pooled_python, members))
+                pooled = (running and len(members) in (4, 7) and sum(map(_is_slot, members)) == 2
                           and sum(self.is_pooled_python(m, init=True) for m in members) == 1
-                          and sum(map(self.is_pooled_python, members)) == 4)
+                          and pythons == len(members) - 3)
                 if not (slot or pooled):
                     groups.append((str(d), [(m, _cmdline(m)) for m in members]))
         if groups:
@@ -266,8 +269,11 @@ class Daemon:
             point = Path(line.split(" ")[4])
             if str(self.base) not in line:
                 continue
-            # A running daemon keeps each session's workspace image mounted on its data/.
+            # A running daemon keeps each session's workspace image mounted on its data/,
+            # and its rootfs image (shared with other test daemons) on mnt/rootfs.
             if running and point.parent.parent == sessions and point.name == "data":
+                continue
+            if running and point == self.state / "mnt" / "rootfs":
                 continue
             mounts.append(line)
         if mounts:

@@ -22,7 +22,9 @@ def start_fails(tmp_path, tarball, state=None):
 def test_manifest_lists_python_and_every_package(daemon):
     with daemon.http() as c:
         sha = c.get("/v1/health").json()["rootfs_sha256"]
-    manifest = json.loads((daemon.state / "rootfs" / sha / "opt/sandboxd/manifest.json").read_text())
+    # The image is keyed by the tarball's hash; the daemon mounts it on mnt/rootfs.
+    assert (daemon.state / "rootfs" / f"{sha}.img").is_file()
+    manifest = json.loads((daemon.state / "mnt/rootfs/opt/sandboxd/manifest.json").read_text())
     assert manifest["python_version"].startswith("3.11.")
     assert manifest["content_hash"].startswith("sha256:")
     names = {p["name"].lower() for p in manifest["packages"]}
@@ -35,10 +37,14 @@ def test_manifest_lists_python_and_every_package(daemon):
 
 
 def test_half_unpacked_rootfs_is_removed_and_never_used(fresh_daemon):
-    partial = SHARED_ROOTFS / ".partial-deadbeef-12345"
+    # A half-unpacked tree and a half-made image of a process that is gone.
+    partial = SHARED_ROOTFS / ".partial-deadbeef-4194303"
     (partial / "opt").mkdir(parents=True, exist_ok=True)
+    partial_image = SHARED_ROOTFS / ".partial-deadbeef-4194303.img"
+    partial_image.write_bytes(b"\0" * 4096)
     d = fresh_daemon()
     assert not partial.exists()
+    assert not partial_image.exists()
     assert d.run("print('fine')")["stdout"] == "fine\n"
 
 
@@ -50,7 +56,8 @@ def test_damaged_or_missing_tarball_is_refused_with_the_cause():
     err = start_fails(tmp_path, fake)
     assert "rootfs.tar.zst" in err and ("damaged" in err or "unpacking" in err), err
     assert not any(p.name.startswith(".partial-") for p in (tmp_path / "state" / "rootfs").iterdir())
-    assert not (tmp_path / "state" / "rootfs" / ("0" * 64)).exists()
+    assert not (tmp_path / "state" / "rootfs" / ("0" * 64 + ".img")).exists()
+    assert not (tmp_path / "state" / "mnt" / "rootfs" / "opt").exists()
     err = start_fails(tmp_path, tmp_path / "missing.tar.zst")
     assert "not found" in err and "rootfs/build.sh" in err, err
     shutil.rmtree(tmp_path)

@@ -1,14 +1,20 @@
 """A kernel: one interpreter that keeps its state across the cells of a session.
 
-Run by sandboxd inside a session's sandbox as `python - SOCKET`, this file on stdin. The
-daemon embeds this file in its binary, so the rootfs need not be rebuilt when it
-changes. It connects to the daemon's socket (bound read-only at /run inside the
-sandbox) and serves one cell at a time: a JSON line in, a JSON line out. During a
-cell, fds 1 and 2 are pipes the kernel drains itself (capped), so output from C
-code and subprocesses is captured too; when the cell asks for `stream`, what is kept
-is also sent as it arrives, as `{"stream": "stdout"|"stderr", "run_id", "text"}`
-lines ahead of the reply. SIGINT (the daemon's timeout) interrupts the
-cell with KeyboardInterrupt and the state stays.
+Run by sandboxd inside a session's sandbox as `python -c BOOTSTRAP`, with a socket to
+the daemon as stdin: the bootstrap reads this file from the socket (length-prefixed;
+the daemon embeds it in its binary, so the rootfs need not be rebuilt when it
+changes) and runs it. The kernel moves the socket off fd 0 (the user's code gets
+/dev/null as stdin), says `{"kind": "ready"}` and serves one cell at a time: a JSON
+line in (`code`, `run_id`, `nonce`, `autosave`, `output_limit`), JSON lines out.
+During a cell, fds 1 and 2 are pipes the kernel drains itself (capped), so output
+from C code and subprocesses is captured too; what is kept is sent as it arrives,
+as `{"kind": "chunk", "nonce", "stream": "stdout"|"stderr", "text"}` lines, and the
+cell ends with `{"kind": "reply", "nonce", "result", "exception", "exit_code",
+"stdout_truncated", "stderr_truncated"}`. Every line carries the cell's nonce, so
+the daemon drops whatever an earlier cell's leftovers send. The daemon trusts none
+of it (the user's code shares this process): it bounds, checks and caps it all
+itself. SIGINT (the daemon's timeout) interrupts the cell with KeyboardInterrupt
+and the state stays.
 """
 
 import ast
@@ -32,20 +38,21 @@ class Channel:
         self.lock = threading.Lock()
 
     def send(self, obj):
-        line = json.dumps(obj).encode() + b"\n"
+        # Raw UTF-8 (half the size of \u escapes); a lone surrogate becomes "?".
+        line = json.dumps(obj, ensure_ascii=False).encode("utf-8", "replace") + b"\n"
         with self.lock:
             self.conn.sendall(line)
 
 
 class Capture:
-    """Point fd `fd` at a pipe for the cell and keep the first `limit` bytes; with a
-    `channel`, send what is kept as it arrives, under the stream's `name`."""
+    """Point fd `fd` at a pipe for the cell and send the first `limit` bytes on
+    `channel` as they arrive, under the stream's `name`."""
 
-    def __init__(self, fd, limit, name=None, channel=None, run_id=None):
+    def __init__(self, fd, limit, name, channel, nonce):
         self.fd, self.limit = fd, limit
-        self.name, self.channel, self.run_id = name, channel, run_id
+        self.name, self.channel, self.nonce = name, channel, nonce
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.data, self.truncated = bytearray(), False
+        self.kept, self.truncated = 0, False
         self.saved = os.dup(fd)
         r, w = os.pipe()
         os.dup2(w, fd)
@@ -56,9 +63,9 @@ class Capture:
     def _drain(self, r):
         with os.fdopen(r, "rb", buffering=0) as pipe:
             while chunk := pipe.read(65536):
-                room = self.limit - len(self.data)
+                room = self.limit - self.kept
                 if room > 0:
-                    self.data += chunk[:room]
+                    self.kept += len(chunk[:room])
                     self._stream(chunk[:room])
                 if len(chunk) > max(room, 0):
                     self.truncated = True
@@ -72,7 +79,7 @@ class Capture:
             try:
                 # Tagged with the cell: what a background process writes after the
                 # reply is not taken for the next cell's output.
-                channel.send({"stream": self.name, "run_id": self.run_id, "text": text})
+                channel.send({"kind": "chunk", "nonce": self.nonce, "stream": self.name, "text": text})
             except OSError:
                 self.channel = None  # the daemon is gone; the cell's reply will fail too
 
@@ -83,7 +90,7 @@ class Capture:
         self.reader.join(0.5)
         self._stream(b"", final=True)
         self.channel = None
-        return self.data.decode("utf-8", errors="replace"), self.truncated
+        return self.truncated
 
 
 def save_figures(run_id):
@@ -117,16 +124,15 @@ def rich(value):
     return out
 
 
-def _clip(text, limit=64 * 1024):
+def _clip(text, limit=16 * 1024):
     return text if len(text) <= limit else text[:limit] + "…"
 
 
 def run_cell(namespace, msg, channel):
     code = msg["code"]
-    limit = int(msg.get("output_limit", 100 * 1024))
-    streaming = channel if msg.get("stream") else None
-    run_id = msg.get("run_id", "cell")
-    out, err = Capture(1, limit, "stdout", streaming, run_id), Capture(2, limit, "stderr", streaming, run_id)
+    limit = int(msg["output_limit"])
+    run_id, nonce = msg["run_id"], msg["nonce"]
+    out, err = Capture(1, limit, "stdout", channel, nonce), Capture(2, limit, "stderr", channel, nonce)
     result = exception = None
     exit_code = 0
     try:
@@ -144,14 +150,19 @@ def run_cell(namespace, msg, channel):
                 namespace["_"] = value
                 result = rich(value)
     except SystemExit as e:
-        exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        # As a process's exit status would be.
+        exit_code = (e.code & 0xFF) if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:
         import traceback
 
         tb = e.__traceback__.tb_next if e.__traceback__ is not None and not isinstance(e, SyntaxError) else e.__traceback__
         text = "".join(traceback.format_exception(type(e), e, tb))
         sys.stderr.write(text)
-        exception = {"name": type(e).__name__, "value": str(e), "traceback": text}
+        try:
+            value = str(e)
+        except BaseException:
+            value = "<unprintable %s>" % type(e).__name__
+        exception = {"name": _clip(type(e).__name__, 200), "value": _clip(value), "traceback": _clip(text)}
         exit_code = 1
     finally:
         try:
@@ -159,13 +170,13 @@ def run_cell(namespace, msg, channel):
             sys.stderr.flush()
         except Exception:
             pass
-        if msg.get("autosave", True):
+        if msg["autosave"]:
             save_figures(run_id)
-    stdout, stdout_truncated = out.finish()
-    stderr, stderr_truncated = err.finish()
+    stdout_truncated = out.finish()
+    stderr_truncated = err.finish()
     return {
-        "stdout": stdout,
-        "stderr": stderr,
+        "kind": "reply",
+        "nonce": nonce,
         "stdout_truncated": stdout_truncated,
         "stderr_truncated": stderr_truncated,
         "result": result,
@@ -175,16 +186,17 @@ def run_cell(namespace, msg, channel):
 
 
 def main():
-    path = sys.argv[1]
+    # The daemon's socket moves off fd 0 (not inherited by subprocesses); the user's
+    # code gets /dev/null as stdin.
+    conn = socket.socket(fileno=os.dup(0))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.path.insert(0, WORKSPACE)
     sys.argv = [FILENAME]
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(path)
     reader = conn.makefile("rb")
     channel = Channel(conn)
+    channel.send({"kind": "ready"})
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     while True:
         line = reader.readline()

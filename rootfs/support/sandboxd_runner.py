@@ -7,10 +7,14 @@ sees an empty stdin.
 
 In a pooled sandbox it is started ahead of its runs as `runner.py --template
 MODULES`, with a socket to the daemon as stdin: it imports MODULES (comma-separated),
-says `{"ready": true, "failed": [...]}`, and then forks once per run (see
-template()); the fork waits for `{"code", "run_id", "autosave"}` (the workspace is
-mounted by then), runs the code once, and reports `{"exit_code": N}` after closing
-its output. This prologue/epilogue prints nothing of its own, keeps the
+says `{"ready": {"failed": [...]}}`, and then forks once per run (see template());
+the fork says `{"entered": true}`, waits for `{"code", "run_id", "autosave"}` (the
+workspace is mounted by then), runs the code once, and claims `{"exit_code": N}`
+after closing its output, then waits until the daemon hangs up (or kills it). The
+user's code shares that socket, so the daemon trusts none of it beyond what the
+run could choose itself; how the run really ended is reported by the fork's outer
+process on a channel of its own (see sandboxd's pool.rs and
+isolate/template.rs). This prologue/epilogue prints nothing of its own, keeps the
 user's line numbers in tracebacks and the user's exit code, and, when AUTOSAVE is
 "1", saves every open, non-empty matplotlib figure exactly once: at plt.show(), at
 exit, or when sandboxd asks the run to stop (SIGTERM at the timeout).
@@ -158,7 +162,7 @@ def template(preload):
         pass
     sys.stdout.flush()
     sys.stderr.flush()
-    sock.sendall(json.dumps({"ready": True, "failed": failed}).encode() + b"\n")
+    sock.sendall(json.dumps({"ready": {"failed": failed}}).encode() + b"\n")
     enter = None
     forks = {}  # pidfd -> pid of the forks still running
     while True:
@@ -171,12 +175,12 @@ def template(preload):
                 sock.sendall(json.dumps({"reaped": pid}).encode() + b"\n")
         if sock not in ready:
             continue
-        data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 4)
-        if not data or len(fds) != 4:
+        data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 5)
+        if not data or len(fds) != 5:
             os._exit(0)  # the daemon hung up (or broke the protocol): the pool replaces us
         if enter is None:
             enter = ctypes.CDLL("/proc/self/fd/%d" % fds[0]).sandboxd_enter
-            enter.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int)
+            enter.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int)
             enter.restype = ctypes.c_int
         spec = json.dumps(json.loads(data)["spec"]).encode()
         pid = os.fork()
@@ -195,12 +199,14 @@ def _forked(enter, spec, template_sock, fds):
         import select
         import socket
 
-        _library, stdout, stderr, run_fd = fds
+        _library, stdout, stderr, run_fd, report_fd = fds
         os.set_inheritable(run_fd, False)  # the run's programs inherit stdio only
         os.dup2(stdout, 1)
         os.dup2(stderr, 2)
         template_sock.detach()  # closed below, by the library, with every other fd
-        if enter(spec, len(spec), run_fd) != 0:
+        # The report channel stays with the fork's outer process: the library closes
+        # it in the run's init, before this process exists.
+        if enter(spec, len(spec), run_fd, report_fd) != 0:
             os._exit(1)  # the library told the daemon why
         # From here on: the run's own process, in its own sandbox.
         numpy = sys.modules.get("numpy")
@@ -219,11 +225,16 @@ def _forked(enter, spec, template_sock, fds):
         def report():
             os.close(1)
             os.close(2)
-            sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
-            # The daemon answers, then kills this sandbox: its teardown (unmapping a
-            # copy of the template's memory) waits until then, behind the answer.
-            while True:
-                select.select([], [], [])
+            try:
+                sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
+                # The daemon answers, then kills this sandbox: its teardown (unmapping a
+                # copy of the template's memory) waits until then, behind the answer.
+                # If it hangs up instead (it did not take the claim), exit: the outer
+                # process reports how.
+                while not select.select([sock], [], [])[0]:
+                    pass
+            except OSError:
+                pass
 
         _finish(exit_code, namespace, report)
     except BaseException:

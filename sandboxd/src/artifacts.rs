@@ -4,23 +4,17 @@
 //! nanoseconds); files changed in the last seconds before the run are also hashed,
 //! because file timestamps are coarse (one jiffy) and a rewrite with the same size
 //! in the same tick would otherwise look unchanged. After the run, a file is an
-//! artifact when it is new, its stamp differs, or its hash does. Symlinks are never
-//! followed and never reported.
+//! artifact when it is new, its stamp differs, or its hash does. Every walk and
+//! every read goes through [`crate::workspace`] (by fd, never by name): links,
+//! FIFOs, sockets and devices are never followed, opened or reported.
 
-use sha2::{Digest, Sha256};
+use crate::workspace::{self, Found, Stat, Workspace};
 use std::collections::HashMap;
-use std::fs;
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-/// Most entries looked at in one walk; a bigger workspace is walked partly.
-pub const MAX_WALK: usize = 200_000;
 /// Files changed this recently before a run are hashed too.
 const RECENT: Duration = Duration::from_secs(3);
-/// Largest file hashed for the same-tick check.
-const MAX_HASH: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stamp {
@@ -29,6 +23,12 @@ struct Stamp {
     mtime_ns: i128,
     ctime_ns: i128,
     hash: Option<[u8; 32]>,
+}
+
+impl Stamp {
+    fn of(stat: &Stat) -> Stamp {
+        Stamp { ino: stat.ino, size: stat.size, mtime_ns: stat.mtime_ns, ctime_ns: stat.ctime_ns, hash: None }
+    }
 }
 
 /// A file found by a walk.
@@ -44,106 +44,51 @@ pub struct Snapshot {
     files: HashMap<PathBuf, Stamp>,
 }
 
-fn ns(secs: i64, nsec: i64) -> i128 {
-    secs as i128 * 1_000_000_000 + nsec as i128
-}
-
-fn stamp(meta: &fs::Metadata) -> Stamp {
-    Stamp {
-        ino: meta.ino(),
-        size: meta.size(),
-        mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
-        ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
-        hash: None,
-    }
-}
-
-fn hash_file(path: &Path) -> Option<[u8; 32]> {
-    let mut file = fs::File::open(path).ok()?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = file.read(&mut buf).ok()?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Some(hasher.finalize().into())
-}
-
-/// Every regular file below `root`, without following symlinks, as relative paths.
-pub fn walk(root: &Path) -> Vec<(PathBuf, fs::Metadata)> {
-    let mut out = vec![];
-    let mut stack = vec![PathBuf::new()];
-    let mut seen = 0usize;
-    while let Some(rel) = stack.pop() {
-        let Ok(entries) = fs::read_dir(root.join(&rel)) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            seen += 1;
-            if seen > MAX_WALK {
-                return out;
-            }
-            // DirEntry::metadata does not follow symlinks.
-            let Ok(meta) = entry.metadata() else { continue };
-            let path = rel.join(entry.file_name());
-            if meta.is_dir() {
-                stack.push(path);
-            } else if meta.is_file() {
-                out.push((path, meta));
-            }
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
 impl Snapshot {
-    pub fn take(root: &Path) -> Snapshot {
+    /// Stamp every regular file of `ws`, hashing those changed in the last
+    /// seconds (at most [`workspace::MAX_HASH_TOTAL`] bytes in all).
+    pub fn take(ws: &Workspace) -> Result<Snapshot, workspace::Error> {
         let now = SystemTime::now();
-        let files = walk(root)
-            .into_iter()
-            .map(|(path, meta)| {
-                let mut s = stamp(&meta);
-                let recent =
-                    meta.modified().ok().and_then(|m| now.duration_since(m).ok()).is_none_or(|age| age < RECENT);
-                if recent && meta.size() <= MAX_HASH {
-                    s.hash = hash_file(&root.join(&path));
-                }
-                (path, s)
-            })
-            .collect();
-        Snapshot { files }
+        let mut budget = workspace::MAX_HASH_TOTAL;
+        let mut files = HashMap::new();
+        ws.walk(|found: &Found| {
+            let mut s = Stamp::of(&found.stat);
+            let recent = now.duration_since(found.stat.modified()).map_or(true, |age| age < RECENT);
+            if recent {
+                s.hash = found.sha256(&mut budget);
+            }
+            files.insert(found.path.to_path_buf(), s);
+        })?;
+        Ok(Snapshot { files })
     }
 
-    /// Files under `root` that are new or changed since the snapshot.
-    pub fn changed(&self, root: &Path) -> Vec<Entry> {
-        walk(root)
-            .into_iter()
-            .filter(|(path, meta)| match self.files.get(path) {
+    /// Files of `ws` that are new or changed since the snapshot, sorted by path.
+    pub fn changed(&self, ws: &Workspace) -> Result<Vec<Entry>, workspace::Error> {
+        let mut budget = workspace::MAX_HASH_TOTAL;
+        let mut out = vec![];
+        ws.walk(|found: &Found| {
+            let changed = match self.files.get(found.path) {
                 None => true,
                 Some(before) => {
-                    let mut now = stamp(meta);
-                    if now != (Stamp { hash: None, ..before.clone() }) {
-                        return true;
-                    }
-                    match before.hash {
-                        Some(h) => {
-                            now.hash = hash_file(&root.join(path));
-                            now.hash != Some(h)
-                        }
-                        None => false,
+                    if Stamp::of(&found.stat) != (Stamp { hash: None, ..before.clone() }) {
+                        true
+                    } else {
+                        // Same stamp: only a hash taken before can tell (one that
+                        // cannot be taken now counts as a change).
+                        before.hash.is_some_and(|h| found.sha256(&mut budget) != Some(h))
                     }
                 }
-            })
-            .map(|(path, meta)| Entry {
-                size: meta.size(),
-                modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                path,
-            })
-            .collect()
+            };
+            if changed {
+                out.push(Entry {
+                    path: found.path.to_path_buf(),
+                    size: found.stat.size,
+                    modified: found.stat.modified(),
+                });
+            }
+        })?;
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
     }
 }
 
@@ -173,6 +118,7 @@ pub fn url_path(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn finds_new_changed_and_nested_files_only() {
@@ -180,14 +126,14 @@ mod tests {
         let root = dir.path();
         fs::write(root.join("old.txt"), b"same").unwrap();
         fs::write(root.join("keep.txt"), b"aaaa").unwrap();
-        let snap = Snapshot::take(root);
+        let ws = Workspace::open(root, nix::unistd::getuid().as_raw()).unwrap();
+        let snap = Snapshot::take(&ws).unwrap();
         fs::create_dir_all(root.join("sub/deeper")).unwrap();
         fs::write(root.join("sub/deeper/new.csv"), b"1,2").unwrap();
         // Same size, same tick: only the hash can tell.
         fs::write(root.join("keep.txt"), b"bbbb").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
-        let mut got: Vec<_> = snap.changed(root).into_iter().map(|e| e.path).collect();
-        got.sort();
+        let got: Vec<_> = snap.changed(&ws).unwrap().into_iter().map(|e| e.path).collect();
         assert_eq!(got, vec![PathBuf::from("keep.txt"), PathBuf::from("sub/deeper/new.csv")]);
     }
 

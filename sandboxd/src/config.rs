@@ -64,6 +64,22 @@ pub struct Settings {
     /// Most sessions at once.
     #[arg(long, env = "SANDBOXD_MAX_SESSIONS")]
     pub max_sessions: Option<usize>,
+    /// Most sessions one bearer token may hold at once (default: half of max_sessions, rounded up).
+    #[arg(long, env = "SANDBOXD_TOKEN_MAX_SESSIONS")]
+    pub token_max_sessions: Option<usize>,
+    /// Most runs one bearer token may have going at once (default: a quarter of max_sessions, rounded up).
+    #[arg(long, env = "SANDBOXD_TOKEN_MAX_RUNS")]
+    pub token_max_runs: Option<usize>,
+    /// Most open connections per listener; more are closed at once.
+    #[arg(long, env = "SANDBOXD_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers; also how long a kept-alive
+    /// connection may wait idle for its next request.
+    #[arg(long, env = "SANDBOXD_HEADER_TIMEOUT_S")]
+    pub header_timeout_s: Option<u64>,
+    /// Seconds a JSON body has to arrive whole; an upload may pause this long between chunks.
+    #[arg(long, env = "SANDBOXD_BODY_TIMEOUT_S")]
+    pub body_timeout_s: Option<u64>,
     /// Idle time after which a session is closed, in seconds.
     #[arg(long, env = "SANDBOXD_SESSION_TTL_S")]
     pub session_ttl_s: Option<u64>,
@@ -114,6 +130,11 @@ pub struct Config {
     pub rootfs_tarball: PathBuf,
     pub policies_dir: PathBuf,
     pub max_sessions: usize,
+    pub token_max_sessions: usize,
+    pub token_max_runs: usize,
+    pub max_connections: usize,
+    pub header_timeout_s: u64,
+    pub body_timeout_s: u64,
     pub session_ttl_s: u64,
     pub uid_base: u32,
     pub instance: String,
@@ -161,6 +182,11 @@ impl Config {
             rootfs_tarball,
             policies_dir,
             max_sessions,
+            token_max_sessions,
+            token_max_runs,
+            max_connections,
+            header_timeout_s,
+            body_timeout_s,
             session_ttl_s,
             uid_base,
             instance,
@@ -200,6 +226,26 @@ impl Config {
         if max_sessions == 0 || max_sessions > 10_000 {
             return Err(Error::Invalid { key: "max_sessions", reason: format!("{max_sessions}; allowed: 1 to 10000") });
         }
+        let per_token = |key: &'static str, value: Option<usize>, default: usize| match value {
+            None => Ok(default),
+            Some(n) if (1..=max_sessions).contains(&n) => Ok(n),
+            Some(n) => Err(Error::Invalid { key, reason: format!("{n}; allowed: 1 to max_sessions ({max_sessions})") }),
+        };
+        let token_max_sessions = per_token("token_max_sessions", s.token_max_sessions, max_sessions.div_ceil(2))?;
+        let token_max_runs = per_token("token_max_runs", s.token_max_runs, max_sessions.div_ceil(4))?;
+        let max_connections = s.max_connections.unwrap_or(256);
+        if !(1..=65_536).contains(&max_connections) {
+            return Err(Error::Invalid {
+                key: "max_connections",
+                reason: format!("{max_connections}; allowed: 1 to 65536"),
+            });
+        }
+        let seconds = |key: &'static str, value: Option<u64>, default: u64| match value.unwrap_or(default) {
+            n @ 1..=3600 => Ok(n),
+            n => Err(Error::Invalid { key, reason: format!("{n}; allowed: 1 to 3600 seconds") }),
+        };
+        let header_timeout_s = seconds("header_timeout_s", s.header_timeout_s, 10)?;
+        let body_timeout_s = seconds("body_timeout_s", s.body_timeout_s, 30)?;
         let uid_base = s.uid_base.unwrap_or(600_000);
         if !(1000..=u32::MAX - 100_000).contains(&uid_base) {
             return Err(Error::Invalid {
@@ -229,6 +275,11 @@ impl Config {
             rootfs_tarball: s.rootfs_tarball.unwrap_or_else(|| "/var/cache/sandboxd/rootfs/current.tar.zst".into()),
             policies_dir: s.policies_dir.unwrap_or_else(default_policies_dir),
             max_sessions,
+            token_max_sessions,
+            token_max_runs,
+            max_connections,
+            header_timeout_s,
+            body_timeout_s,
             session_ttl_s: s.session_ttl_s.unwrap_or(1800),
             uid_base,
             instance,
@@ -266,6 +317,21 @@ mod tests {
         assert_eq!(c.max_sessions, 32);
         assert_eq!(c.session_ttl_s, 1800);
         assert_eq!(c.public_url, "http://127.0.0.1:8181");
+        assert_eq!((c.token_max_sessions, c.token_max_runs), (16, 8));
+        assert_eq!((c.max_connections, c.header_timeout_s, c.body_timeout_s), (256, 10, 30));
+    }
+
+    #[test]
+    fn per_token_quotas_fit_inside_max_sessions() {
+        let s = Settings { max_sessions: Some(5), ..Default::default() };
+        let c = Config::from_settings(s).unwrap();
+        assert_eq!((c.token_max_sessions, c.token_max_runs), (3, 2));
+        let s = Settings { max_sessions: Some(5), token_max_sessions: Some(6), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`token_max_sessions`"));
+        let s = Settings { header_timeout_s: Some(0), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`header_timeout_s`"));
+        let s = Settings { max_connections: Some(0), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`max_connections`"));
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! Shutdown (SIGTERM/SIGINT): refuse new runs, let running ones finish within the
 //! grace period, then kill them; session files stay.
 
-use crate::api::{self, AppState, Listener};
+use crate::api::surface::Surface;
+use crate::api::{self, AppState};
 use crate::config::Config;
 use crate::isolate::{cgroup::Cgroups, landlock, Sandboxes};
 use crate::pool::Pool;
@@ -91,7 +92,8 @@ async fn serve(config: Config) -> Result<(), Error> {
 
     let sessions =
         Manager::new(&config.state_dir, policies, config.max_sessions, config.session_ttl_s, config.uid_base)
-            .map_err(|e| Error::State(config.state_dir.clone(), e))?;
+            .map_err(|e| Error::State(config.state_dir.clone(), e))?
+            .with_token_quotas(config.token_max_sessions, config.token_max_runs);
     let recovered = sessions.recover().await;
     if recovered > 0 {
         tracing::info!(sessions = recovered, "took back sessions from an earlier run");
@@ -113,7 +115,6 @@ async fn serve(config: Config) -> Result<(), Error> {
         ctx: Context {
             sandboxes: sandboxes.clone(),
             pool: pool.clone(),
-            kernel_dir: sessions.kernel_dir.clone(),
             sessions,
             rootfs: rootfs.path.clone(),
             public_url: config.public_url.clone(),
@@ -129,19 +130,25 @@ async fn serve(config: Config) -> Result<(), Error> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
+    let body_timeout = Duration::from_secs(config.body_timeout_s);
+    let limits = Limits {
+        max_connections: config.max_connections,
+        header_timeout: Duration::from_secs(config.header_timeout_s),
+        // In-flight requests end within the grace period (runs are killed then);
+        // whatever a client still holds open after that is cut.
+        drain: Duration::from_secs(config.shutdown_grace_s + 10),
+    };
 
     let unix = bind_unix(&config)?;
     tracing::info!(path = %config.socket.display(), "listening on the Unix socket");
-    serve_until_stopped(&mut servers, unix, api::router(state.clone(), Listener::Unix, true), stop_rx.clone());
+    let app = api::router(state.clone(), Surface::unix(body_timeout));
+    serve_until_stopped(&mut servers, unix, "unix", app, limits.clone(), stop_rx.clone());
     if let Some(addr) = config.http {
         let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
-        tracing::info!(%addr, "listening on HTTP");
-        serve_until_stopped(
-            &mut servers,
-            tcp,
-            api::router(state.clone(), Listener::Http, addr.ip().is_loopback()),
-            stop_rx.clone(),
-        );
+        let bound = tcp.local_addr().map_err(|e| Error::Listen(addr.to_string(), e))?;
+        tracing::info!(addr = %bound, "listening on HTTP");
+        let app = api::router(state.clone(), Surface::http(bound, &config.public_url, body_timeout));
+        serve_until_stopped(&mut servers, tcp, "http", app, limits, stop_rx.clone());
     }
 
     let reaper_state = state.clone();
@@ -177,32 +184,105 @@ async fn serve(config: Config) -> Result<(), Error> {
     pool.shutdown().await;
     sandboxes.shutdown().await;
     state.sessions.unmount_all().await;
+    rootfs.unmount();
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Serve `app` on `listener` until `stop` turns true, then finish in-flight requests.
+/// How a listener's connections are served.
+#[derive(Debug, Clone)]
+struct Limits {
+    /// Open connections at once; more are closed as soon as they are accepted.
+    max_connections: usize,
+    /// For a request's headers, and for the next request on a kept-alive connection.
+    header_timeout: Duration,
+    /// After `stop`, how long connections get to finish before they are cut.
+    drain: Duration,
+}
+
+/// Serve `app` on `listener` (HTTP/1, with the header timeout and the connection
+/// cap) until `stop` turns true, then let in-flight requests finish and close
+/// idle connections.
 fn serve_until_stopped<L>(
     servers: &mut tokio::task::JoinSet<std::io::Result<()>>,
-    listener: L,
+    mut listener: L,
+    name: &'static str,
     app: axum::Router,
+    limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) where
     L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
 {
     servers.spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
+        let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+        let mut connections = tokio::task::JoinSet::new();
+        let mut refused: u64 = 0;
+        let mut last_warning: Option<tokio::time::Instant> = None;
+        loop {
+            let io = tokio::select! {
+                (io, _) = listener.accept() => io,
+                _ = stop.wait_for(|s| *s) => break,
+                Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            };
+            let Ok(permit) = open.clone().try_acquire_owned() else {
+                drop(io);
+                refused += 1;
+                if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    tracing::warn!(
+                        listener = name,
+                        max_connections = limits.max_connections,
+                        refused,
+                        "too many open connections: closing new ones at once (see max_connections)"
+                    );
+                    last_warning = Some(tokio::time::Instant::now());
+                    refused = 0;
+                }
+                continue;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            let header_timeout = limits.header_timeout;
+            let mut stop = stop.clone();
+            connections.spawn(async move {
+                let _permit = permit;
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+                tokio::pin!(conn);
+                let stopped = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                let served = tokio::select! {
+                    r = conn.as_mut() => r,
+                    () = stopped => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                };
+                if let Err(e) = served {
+                    tracing::debug!(listener = name, error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        let drained =
+            tokio::time::timeout(limits.drain, async { while connections.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            tracing::warn!(
+                listener = name,
+                open = connections.len(),
+                "connections still open after the grace period: closing them"
+            );
+            connections.shutdown().await;
+        }
+        Ok(())
     });
 }
 
-/// Sandboxes bind their rootfs and workspace from below the state directory as an
-/// unprivileged host uid, so every directory above it must be searchable by others.
+/// Sandboxes bind their rootfs (mounted at `mnt/rootfs`) and workspace from below
+/// the state directory as an unprivileged host uid, so every directory above it must
+/// be searchable by others. The state directory itself is 0711: searchable, never
+/// listable (see [`Manager::new`]); what is below it is root's or the session's.
 fn check_searchable(dir: &std::path::Path) -> Result<(), Error> {
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::State(dir.into(), e))?;
     for ancestor in dir.ancestors().skip(1) {

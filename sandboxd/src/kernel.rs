@@ -1,74 +1,272 @@
 //! Kernel sessions: one interpreter kept alive in the session's sandbox across
 //! runs, so variables survive from one run to the next.
 //!
-//! The daemon makes a root-owned directory with a listening socket, bound read-only
-//! at `/run` inside the sandbox, starts `kernel.py` there (embedded in this binary),
-//! accepts exactly one connection and removes the socket. Cells then go over that
-//! connection as JSON lines. A timeout sends SIGINT to the sandbox (the init
-//! forwards it), which interrupts the cell and keeps the state; a cell that ignores
-//! it is killed after the grace period, and the kernel is started afresh next time.
+//! The kernel's channel to the daemon is one end of a socket pair, handed to the
+//! sandbox as the program's stdin (nothing is bound into the sandbox, no socket is
+//! ever on a filesystem). The program is `python -c BOOTSTRAP`: the bootstrap reads
+//! `kernel.py` (embedded in this binary) from that socket, length-prefixed, and runs
+//! it; kernel.py then moves the socket off fd 0 and says `{"kind": "ready"}`.
+//!
+//! Cells then go over the socket as JSON lines. The user's code shares the kernel's
+//! process, and so the socket: everything read from it is untrusted. Each line is
+//! bounded ([`MAX_LINE`], [`crate::isolate::channel`]) and parsed strictly into a
+//! [`KernelMessage`]. Each cell carries a random nonce made by the daemon; kernel.py
+//! tags the cell's output chunks and its reply with it, and anything with another
+//! nonce (late output or a late reply of an earlier cell) is dropped, so a forged
+//! reply can at most end its own cell early, never shift later ones. The cell's
+//! output always arrives as chunks, and the daemon keeps at most the policy's output
+//! limit of each stream ([`Cell`]); a reply's fields are clipped to fixed bounds. A
+//! line over the limit or one that is not a message ends the kernel: the cell's
+//! result says the kernel broke the protocol and was restarted.
+//!
+//! How a cell ended when the kernel died (timeout, OOM, cancelled) comes from the
+//! daemon's own timer and the cgroup, never from a message. A timeout sends SIGINT
+//! to the sandbox (the init forwards it), which interrupts the cell and keeps the
+//! state; a cell that ignores it is killed after the grace period, and the kernel is
+//! started afresh next time.
 
+use crate::isolate::channel::{self, LineReader};
 use crate::isolate::output::{Chunk, StreamKind};
-use crate::isolate::{self, spec, Outcome, Sandboxes};
+use crate::isolate::{self, Outcome, Sandboxes};
 use crate::policy::Policy;
-use serde::Deserialize;
-use serde_json::Value;
-use std::path::{Path, PathBuf};
+use serde::{Deserialize, Serialize};
+use std::os::fd::OwnedFd;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-/// The kernel's source, run with `python -` (read from stdin).
+/// The kernel's source, sent over its socket at start.
 pub const SOURCE: &str = include_str!("../../rootfs/support/kernel.py");
-/// Longest reply line accepted from a kernel (its output is capped well below).
-const MAX_REPLY: usize = 8 * 1024 * 1024;
+/// Run with `python -c`: reads a 10-digit length and that many bytes of source from
+/// fd 0 (exactly: the first cell follows on the same socket), and runs it.
+const BOOTSTRAP: &str = "import os
+def _read(n):
+    b = b''
+    while len(b) < n:
+        c = os.read(0, n - len(b))
+        if not c:
+            os._exit(1)
+        b += c
+    return b
+exec(compile(_read(int(_read(10))), 'kernel.py', 'exec'), {'__name__': '__main__'})
+";
+/// Longest line accepted from a kernel. kernel.py's own lines stay well below it:
+/// an output chunk is at most 64 KiB read from a pipe (a character each byte at
+/// worst, at most 6 bytes in JSON), a reply's texts are cut to 16 Ki characters.
+pub const MAX_LINE: usize = 1024 * 1024;
+/// Bytes kept of a result's `text/plain` and `text/html`, an exception's value and
+/// traceback.
+const MAX_TEXT: usize = 64 * 1024;
+/// Bytes kept of an exception's name.
+const MAX_NAME: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("preparing the kernel's control socket {0}: {1}")]
-    Socket(PathBuf, std::io::Error),
+    #[error("preparing the kernel's channel: {0}")]
+    Channel(std::io::Error),
     #[error("the kernel did not start: {0}")]
     Start(String),
 }
 
-/// What a cell sends back.
-#[derive(Debug, Clone, Deserialize)]
+/// One cell, as the daemon sends it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CellRequest {
+    pub code: String,
+    pub run_id: String,
+    pub autosave: bool,
+    /// Bytes of each stream the kernel keeps (the daemon keeps no more either).
+    pub output_limit: usize,
+}
+
+/// The line sent to the kernel: the cell and its nonce.
+#[derive(Serialize)]
+struct Sent<'a> {
+    #[serde(flatten)]
+    cell: &'a CellRequest,
+    nonce: &'a str,
+}
+
+/// What a kernel (or the user's code in its process) may write, one per line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum KernelMessage {
+    /// kernel.py is running and serves cells.
+    Ready {},
+    /// Output of the cell with `nonce`, as it was produced.
+    Chunk { nonce: String, stream: Stream, text: String },
+    /// The cell with `nonce` is over. Its output came as chunks before.
+    Reply {
+        nonce: String,
+        result: Option<Rich>,
+        exception: Option<Exception>,
+        exit_code: u8,
+        /// The kernel dropped output past the limit.
+        stdout_truncated: bool,
+        stderr_truncated: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A final expression's value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rich {
+    #[serde(rename = "text/plain")]
+    pub plain: String,
+    #[serde(rename = "text/html", default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+}
+
+/// An exception a cell raised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exception {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+/// What a cell sends back, within the daemon's bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CellReply {
     pub stdout: String,
     pub stderr: String,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
-    pub result: Option<Value>,
-    pub exception: Option<Value>,
+    pub result: Option<Rich>,
+    pub exception: Option<Exception>,
     pub exit_code: i32,
 }
 
-/// A piece of a cell's output, sent while it runs when the cell asked for `stream`.
-#[derive(Debug, Deserialize)]
-struct StreamLine {
-    stream: String,
-    run_id: String,
-    text: String,
+/// A stream's output kept so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub text: String,
+    pub truncated: bool,
+}
+
+impl Kept {
+    /// Keep what fits of `text` under `limit` bytes in all; returns what was kept.
+    fn push(&mut self, mut text: String, limit: usize) -> Option<String> {
+        let room = limit.saturating_sub(self.text.len());
+        self.truncated |= channel::clip(&mut text, room);
+        if text.is_empty() {
+            return None;
+        }
+        self.text.push_str(&text);
+        Some(text)
+    }
+}
+
+/// What one message meant for the running cell.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Output of this cell, kept: forward it to a streaming client.
+    Output(Chunk),
+    /// Nothing for this cell (another cell's, or output past the limit).
+    Nothing,
+    /// The cell is over.
+    Reply(CellReply),
+}
+
+/// A message the kernel may not send.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a \"ready\" in the middle of a cell")]
+pub struct Unexpected;
+
+/// The daemon's side of one cell: matches messages to it by nonce and enforces the
+/// output limit on what the kernel sends.
+#[derive(Debug)]
+pub struct Cell {
+    nonce: String,
+    limit: usize,
+    pub stdout: Kept,
+    pub stderr: Kept,
+}
+
+impl Cell {
+    pub fn new(nonce: String, limit: usize) -> Cell {
+        Cell { nonce, limit, stdout: Kept::default(), stderr: Kept::default() }
+    }
+
+    pub fn take(&mut self, msg: KernelMessage) -> Result<Step, Unexpected> {
+        match msg {
+            KernelMessage::Ready {} => Err(Unexpected),
+            KernelMessage::Chunk { nonce, .. } | KernelMessage::Reply { nonce, .. } if nonce != self.nonce => {
+                Ok(Step::Nothing)
+            }
+            KernelMessage::Chunk { stream, text, .. } => {
+                let (kept, kind) = match stream {
+                    Stream::Stdout => (&mut self.stdout, StreamKind::Stdout),
+                    Stream::Stderr => (&mut self.stderr, StreamKind::Stderr),
+                };
+                Ok(match kept.push(text, self.limit) {
+                    Some(text) => Step::Output(Chunk { stream: kind, text }),
+                    None => Step::Nothing,
+                })
+            }
+            KernelMessage::Reply { result, exception, exit_code, stdout_truncated, stderr_truncated, .. } => {
+                let result = result.map(|mut r| {
+                    channel::clip(&mut r.plain, MAX_TEXT);
+                    if let Some(h) = r.html.as_mut() {
+                        channel::clip(h, MAX_TEXT);
+                    }
+                    r
+                });
+                let exception = exception.map(|mut e| {
+                    channel::clip(&mut e.name, MAX_NAME);
+                    channel::clip(&mut e.value, MAX_TEXT);
+                    channel::clip(&mut e.traceback, MAX_TEXT);
+                    e
+                });
+                let (out, err) = (std::mem::take(&mut self.stdout), std::mem::take(&mut self.stderr));
+                Ok(Step::Reply(CellReply {
+                    stdout: out.text,
+                    stderr: err.text,
+                    stdout_truncated: out.truncated || stdout_truncated,
+                    stderr_truncated: err.truncated || stderr_truncated,
+                    result,
+                    exception,
+                    exit_code: i32::from(exit_code),
+                }))
+            }
+        }
+    }
 }
 
 /// How a cell ended.
 pub enum CellEnd {
     /// The kernel answered; `interrupted` when that took the timeout's SIGINT.
     Done { reply: CellReply, interrupted: bool },
-    /// The kernel is gone (killed at the timeout, by the OOM killer, or on request).
-    Died { timed_out: bool, cancelled: bool, outcome: Option<Outcome> },
+    /// The kernel is gone (killed at the timeout, by the OOM killer, on request, or
+    /// for breaking the protocol: `violation` says how). `stdout`/`stderr`: the
+    /// cell's output until then.
+    Died {
+        timed_out: bool,
+        cancelled: bool,
+        violation: Option<String>,
+        outcome: Option<Outcome>,
+        stdout: Kept,
+        stderr: Kept,
+    },
 }
 
 pub struct Kernel {
     writer: OwnedWriteHalf,
-    lines: Lines<BufReader<OwnedReadHalf>>,
+    reader: LineReader<OwnedReadHalf>,
     init_pid: i32,
     cancel: watch::Sender<bool>,
     task: JoinHandle<Result<Outcome, isolate::Error>>,
-    dir: PathBuf,
 }
 
 /// Everything a kernel needs to start.
@@ -78,39 +276,24 @@ pub struct StartSpec<'a> {
     pub workspace: &'a Path,
     pub uid: u32,
     pub policy: &'a Policy,
-    /// Below the state directory; one sub-directory per kernel.
-    pub control_root: &'a Path,
 }
 
 impl Kernel {
     pub async fn start(sandboxes: &Arc<Sandboxes>, s: StartSpec<'_>) -> Result<Kernel, Error> {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = s.control_root.join(s.session_id);
-        let _ = std::fs::remove_dir_all(&dir);
-        let prepared = std::fs::create_dir_all(&dir)
-            .and_then(|_| std::fs::set_permissions(s.control_root, std::fs::Permissions::from_mode(0o711)))
-            .and_then(|_| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)));
-        prepared.map_err(|e| Error::Socket(dir.clone(), e))?;
-        let sock = dir.join("kernel.sock");
-        let listener = tokio::net::UnixListener::bind(&sock).map_err(|e| Error::Socket(sock.clone(), e))?;
-        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777))
-            .map_err(|e| Error::Socket(sock.clone(), e))?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Channel)?;
+        ours.set_nonblocking(true).map_err(Error::Channel)?;
+        let stream = tokio::net::UnixStream::from_std(ours).map_err(Error::Channel)?;
+        let (read, mut writer) = stream.into_split();
+        // The source goes first: the socket's buffer holds it until the kernel reads.
+        let mut source = format!("{:010}", SOURCE.len()).into_bytes();
+        source.extend_from_slice(SOURCE.as_bytes());
+        writer.write_all(&source).await.map_err(Error::Channel)?;
 
         let policy = s.policy;
+        let argv = vec!["/opt/py/bin/python".into(), "-c".into(), BOOTSTRAP.into()];
         let run = isolate::Run {
             id: format!("kernel-{}", s.session_id),
-            spec: spec::SandboxSpec {
-                control_dir: Some(dir.clone()),
-                // The source arrives on stdin (`python -`): ps shows a short command line.
-                ..crate::run::sandbox_spec(
-                    s.rootfs,
-                    Some(s.workspace),
-                    s.uid,
-                    policy,
-                    vec!["/opt/py/bin/python".into(), "-".into(), "/run/kernel.sock".into()],
-                    Some(SOURCE.into()),
-                )
-            },
+            spec: crate::run::sandbox_spec(s.rootfs, Some(s.workspace), s.uid, policy, argv, None),
             limits: crate::run::cgroup_limits(policy),
             // The kernel lives as long as its session; cells have their own limit.
             timeout: Duration::from_secs(400 * 86400),
@@ -120,51 +303,52 @@ impl Kernel {
         let (cancel, cancel_rx) = watch::channel(false);
         let (started_tx, started_rx) = oneshot::channel();
         let sb = sandboxes.clone();
-        let mut task = tokio::spawn(async move { sb.run(run, None, cancel_rx, Some(started_tx)).await });
+        let stdin = OwnedFd::from(theirs);
+        let mut task =
+            tokio::spawn(async move { sb.run_with_stdin(run, Some(stdin), None, cancel_rx, Some(started_tx)).await });
 
-        let connected = async {
+        let mut reader = LineReader::new(read, MAX_LINE);
+        let ready = async {
             let init_pid = started_rx.await.map_err(|_| "the sandbox did not start".to_string())?;
-            let (stream, _) = listener.accept().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((init_pid, stream))
+            match reader.next::<KernelMessage>().await {
+                Ok(Some(KernelMessage::Ready {})) => Ok(init_pid),
+                Ok(Some(_)) => Err("it sent something else than \"ready\" first".to_string()),
+                Ok(None) => Err("it closed its channel".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
         };
         let outcome = tokio::select! {
-            r = tokio::time::timeout(Duration::from_secs(60), connected) => r.map_err(|_| "it did not connect within 60 s".to_string()).and_then(|r| r),
+            r = tokio::time::timeout(Duration::from_secs(60), ready) => r.map_err(|_| "it was not ready within 60 s".to_string()).and_then(|r| r),
             ended = &mut task => Err(match ended {
                 Ok(Ok(o)) => format!("it exited at once (exit code {:?}, signal {:?}): {}", o.exit_code, o.signal, o.stderr.text()),
                 Ok(Err(e)) => e.to_string(),
                 Err(e) => e.to_string(),
             }),
         };
-        let _ = std::fs::remove_file(&sock);
-        drop(listener);
         match outcome {
-            Ok((init_pid, stream)) => {
-                let (read, writer) = stream.into_split();
-                Ok(Kernel { writer, lines: BufReader::new(read).lines(), init_pid, cancel, task, dir })
-            }
+            Ok(init_pid) => Ok(Kernel { writer, reader, init_pid, cancel, task }),
             Err(e) => {
                 let _ = cancel.send(true);
                 let _ = task.await;
-                let _ = std::fs::remove_dir_all(&dir);
                 Err(Error::Start(e))
             }
         }
     }
 
     /// Run one cell. `stop` set to true kills the kernel (the session is closing).
-    /// With `chunks`, the cell's output is streamed there as it is produced (the
-    /// message must then ask for `stream`).
+    /// With `chunks`, the cell's output is streamed there as it is produced.
     pub async fn exec(
         mut self,
-        msg: Value,
+        cell: &CellRequest,
         timeout: Duration,
         grace: Duration,
         mut stop: watch::Receiver<bool>,
         chunks: Option<mpsc::Sender<Chunk>>,
     ) -> (Option<Kernel>, CellEnd) {
-        let run_id = msg.get("run_id").and_then(Value::as_str).unwrap_or_default().to_string();
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        let mut state = Cell::new(nonce.clone(), cell.output_limit);
         // A slow streaming client must not hold up the cell's time limit: chunks go
-        // through a queue that the kernel's output cap keeps small.
+        // through a queue that the output limit keeps small.
         let forward = chunks.map(|tx| {
             let (queue, mut rx) = mpsc::unbounded_channel::<Chunk>();
             tokio::spawn(async move {
@@ -175,65 +359,194 @@ impl Kernel {
             });
             queue
         });
-        let mut line = msg.to_string().into_bytes();
-        line.push(b'\n');
-        if self.writer.write_all(&line).await.is_err() {
-            let outcome = self.stop().await;
-            return (None, CellEnd::Died { timed_out: false, cancelled: false, outcome });
+        let sent = serde_json::to_vec(&Sent { cell, nonce: &nonce });
+        let written = match sent {
+            Ok(mut line) => {
+                line.push(b'\n');
+                self.writer.write_all(&line).await.is_ok()
+            }
+            Err(_) => false,
+        };
+        if !written {
+            return self.died(state, false, false, None).await;
         }
         let mut interrupted = false;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        let answer = loop {
+        loop {
             tokio::select! {
-                l = self.lines.next_line() => match l {
-                    // kernel.py writes the "stream" key first in a chunk line, and
-                    // never in a reply.
-                    Ok(Some(l)) if l.starts_with("{\"stream\"") => {
-                        // Output of this cell, or late output of an earlier one (dropped).
-                        if let (Some(queue), Ok(s)) = (&forward, serde_json::from_str::<StreamLine>(&l)) {
-                            let stream = if s.stream == "stderr" { StreamKind::Stderr } else { StreamKind::Stdout };
-                            if s.run_id == run_id {
-                                let _ = queue.send(Chunk { stream, text: s.text });
+                line = self.reader.next::<KernelMessage>() => {
+                    let step = match line {
+                        Ok(Some(msg)) => state.take(msg).map_err(|e| e.to_string()),
+                        // The kernel is gone (killed, or out of memory).
+                        Ok(None) => return self.died(state, interrupted, false, None).await,
+                        Err(e) if !e.is_violation() => return self.died(state, interrupted, false, None).await,
+                        Err(e) => Err(e.to_string()),
+                    };
+                    match step {
+                        Ok(Step::Output(chunk)) => {
+                            if let Some(queue) = &forward {
+                                let _ = queue.send(chunk);
                             }
                         }
+                        Ok(Step::Nothing) => {}
+                        Ok(Step::Reply(reply)) => return (Some(self), CellEnd::Done { reply, interrupted }),
+                        Err(violation) => {
+                            tracing::info!(init_pid = self.init_pid, %violation, "a kernel broke the protocol; it is killed");
+                            return self.died(state, interrupted, false, Some(violation)).await;
+                        }
                     }
-                    other => break other,
-                },
+                }
                 _ = &mut deadline => {
                     if interrupted {
-                        let outcome = self.stop().await;
-                        return (None, CellEnd::Died { timed_out: true, cancelled: false, outcome });
+                        return self.died(state, true, false, None).await;
                     }
                     interrupted = true;
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::SIGINT);
                     deadline.as_mut().reset(tokio::time::Instant::now() + grace);
                 }
-                _ = stop.changed() => {
-                    let outcome = self.stop().await;
-                    return (None, CellEnd::Died { timed_out: false, cancelled: true, outcome });
-                }
-            }
-        };
-        let reply = match answer {
-            Ok(Some(l)) if l.len() <= MAX_REPLY => serde_json::from_str::<CellReply>(&l).ok(),
-            _ => None,
-        };
-        match reply {
-            Some(reply) => (Some(self), CellEnd::Done { reply, interrupted }),
-            None => {
-                let outcome = self.stop().await;
-                (None, CellEnd::Died { timed_out: interrupted, cancelled: false, outcome })
+                _ = stop.changed() => return self.died(state, false, true, None).await,
             }
         }
+    }
+
+    async fn died(
+        self,
+        cell: Cell,
+        timed_out: bool,
+        cancelled: bool,
+        violation: Option<String>,
+    ) -> (Option<Kernel>, CellEnd) {
+        let outcome = self.stop().await;
+        let Cell { stdout, stderr, .. } = cell;
+        (None, CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr })
     }
 
     /// End the kernel and its sandbox; returns how the sandbox ended.
     pub async fn stop(self) -> Option<Outcome> {
         let _ = self.cancel.send(true);
         drop(self.writer);
-        let outcome = self.task.await.ok().and_then(|r| r.ok());
-        let _ = std::fs::remove_dir_all(&self.dir);
-        outcome
+        self.task.await.ok().and_then(|r| r.ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(nonce: &str, stream: Stream, text: &str) -> KernelMessage {
+        KernelMessage::Chunk { nonce: nonce.into(), stream, text: text.into() }
+    }
+
+    fn reply(nonce: &str) -> KernelMessage {
+        KernelMessage::Reply {
+            nonce: nonce.into(),
+            result: None,
+            exception: None,
+            exit_code: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+        }
+    }
+
+    #[test]
+    fn messages_round_trip_and_nothing_else_parses() {
+        let all = [
+            KernelMessage::Ready {},
+            chunk("n", Stream::Stderr, "é\n"),
+            KernelMessage::Reply {
+                nonce: "n".into(),
+                result: Some(Rich { plain: "1".into(), html: Some("<b>1</b>".into()) }),
+                exception: Some(Exception { name: "E".into(), value: "v".into(), traceback: "t".into() }),
+                exit_code: 3,
+                stdout_truncated: true,
+                stderr_truncated: false,
+            },
+        ];
+        for m in all {
+            let line = serde_json::to_vec(&m).unwrap();
+            assert_eq!(channel::parse::<KernelMessage>(&line).unwrap(), m);
+        }
+        assert_eq!(
+            channel::parse::<KernelMessage>(br#"{"kind":"reply","nonce":"n","result":{"text/plain":"2"},"exception":null,"exit_code":0,"stdout_truncated":false,"stderr_truncated":false}"#).unwrap(),
+            KernelMessage::Reply { nonce: "n".into(), result: Some(Rich { plain: "2".into(), html: None }), exception: None, exit_code: 0, stdout_truncated: false, stderr_truncated: false }
+        );
+        for bad in [
+            &br#"{"kind":"ready","x":1}"#[..],
+            br#"{"kind":"chunk","nonce":"n","stream":"stdin","text":""}"#,
+            br#"{"kind":"chunk","nonce":"n","stream":"stdout","text":"","more":1}"#,
+            br#"{"kind":"reply","nonce":"n","result":null,"exception":null,"exit_code":256,"stdout_truncated":false,"stderr_truncated":false}"#,
+            br#"{"kind":"reply","nonce":"n","result":{"text/plain":"1","x":2},"exception":null,"exit_code":0,"stdout_truncated":false,"stderr_truncated":false}"#,
+            br#"{"stream":"stdout","run_id":"r","text":"old protocol"}"#,
+            br#"{"failed":{"step":"x","error":"evil"}}"#,
+            b"[]",
+        ] {
+            let e = channel::parse::<KernelMessage>(bad).unwrap_err();
+            assert!(e.is_violation(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn other_cells_messages_are_dropped_and_a_reply_ends_only_its_own_cell() {
+        let mut cell = Cell::new("now".into(), 100);
+        assert_eq!(cell.take(chunk("before", Stream::Stdout, "late")), Ok(Step::Nothing));
+        assert_eq!(cell.take(reply("before")), Ok(Step::Nothing));
+        assert_eq!(
+            cell.take(chunk("now", Stream::Stdout, "mine")),
+            Ok(Step::Output(Chunk { stream: StreamKind::Stdout, text: "mine".into() }))
+        );
+        match cell.take(reply("now")) {
+            Ok(Step::Reply(r)) => assert_eq!((r.stdout.as_str(), r.stdout_truncated), ("mine", false)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(cell.take(KernelMessage::Ready {}), Err(Unexpected));
+    }
+
+    #[test]
+    fn output_past_the_limit_is_dropped_and_marked() {
+        let mut cell = Cell::new("n".into(), 10);
+        assert!(matches!(cell.take(chunk("n", Stream::Stdout, "12345678")), Ok(Step::Output(_))));
+        // 3 MiB in one forged chunk: 2 bytes kept, the rest dropped.
+        let big = "x".repeat(3 << 20);
+        assert_eq!(
+            cell.take(chunk("n", Stream::Stdout, &big)),
+            Ok(Step::Output(Chunk { stream: StreamKind::Stdout, text: "xx".into() }))
+        );
+        assert_eq!(cell.take(chunk("n", Stream::Stdout, "more")), Ok(Step::Nothing));
+        // Multi-byte characters are not split; stderr has its own budget.
+        assert!(matches!(cell.take(chunk("n", Stream::Stderr, "ééééé€")), Ok(Step::Output(_))));
+        match cell.take(reply("n")) {
+            Ok(Step::Reply(r)) => {
+                assert_eq!((r.stdout.len(), r.stdout_truncated), (10, true));
+                assert_eq!((r.stderr.as_str(), r.stderr_truncated), ("ééééé", true));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_replys_fields_are_clipped_and_its_truncation_claims_kept() {
+        let mut cell = Cell::new("n".into(), 10);
+        let long = "y".repeat(MAX_TEXT * 3);
+        let msg = KernelMessage::Reply {
+            nonce: "n".into(),
+            result: Some(Rich { plain: long.clone(), html: Some(long.clone()) }),
+            exception: Some(Exception { name: long.clone(), value: long.clone(), traceback: long }),
+            exit_code: 1,
+            stdout_truncated: true,
+            stderr_truncated: false,
+        };
+        let Ok(Step::Reply(r)) = cell.take(msg) else { panic!() };
+        let (res, exc) = (r.result.unwrap(), r.exception.unwrap());
+        assert_eq!((res.plain.len(), res.html.unwrap().len()), (MAX_TEXT, MAX_TEXT));
+        assert_eq!((exc.name.len(), exc.value.len(), exc.traceback.len()), (MAX_NAME, MAX_TEXT, MAX_TEXT));
+        assert!(r.stdout_truncated && !r.stderr_truncated && r.exit_code == 1);
+    }
+
+    #[test]
+    fn the_bootstrap_reads_exactly_the_source() {
+        let header = format!("{:010}", SOURCE.len());
+        assert_eq!(header.len(), 10);
+        assert!(BOOTSTRAP.contains("_read(int(_read(10)))"));
     }
 }

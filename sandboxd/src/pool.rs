@@ -9,16 +9,37 @@
 //! One background task makes templates, one at a time, at the least CPU weight, so
 //! under load runs fall back to cold sandboxes rather than wait.
 //!
-//! The protocol with `runner.py --template` is JSON lines. On the template's stdin
-//! socket: it says `{"ready": true, "failed": [modules]}`; the daemon sends
-//! `{"run_id", "spec"}` with four fds (the library, the run's stdout and stderr, the
-//! run's socket); the template answers `{"reaped": pid}` when that fork is gone. On
-//! the run's socket: the fork says `{"entered": true}` (or `{"failed": …}`), the
-//! daemon sends `{"code", "run_id", "autosave"}` once the workspace is attached,
-//! and the run answers `{"exit_code": N}` after closing its output (or its outer
-//! process reports `{"signal": N}`).
+//! The protocol with `runner.py --template` is JSON lines, each read bounded and
+//! parsed strictly into the types of [`isolate::template`]. On the template's stdin
+//! socket: it says `{"ready": {"failed": [modules]}}`; the daemon sends `{"spec"}`
+//! with five fds (the library, the run's stdout and stderr, the run's socket, the
+//! run's report channel); the template answers `{"reaped": pid}` when that fork is
+//! gone.
+//!
+//! A run's socket is shared by the runner and, once the code is sent, by the user's
+//! code, so what it says is a state machine the daemon enforces
+//! ([`isolate::Forked`], [`isolate::Running`]): before the code is sent, only
+//! `{"entered": true}` (the runner, in its own sandbox, before any user code); the
+//! daemon then sends `{"code", "run_id", "autosave"}`; after that, only
+//! `{"exit_code": N}` with N in 0..=255, which the runner sends after closing its
+//! output and then waits until the daemon hangs up or kills the run. A failure is
+//! never accepted once the code is sent: a run cannot turn into a sandbox that
+//! failed to build.
+//!
+//! How the run ended is the report of the fork's outer process, on the report
+//! channel that no process of the run holds (`{"exit_code"}`, `{"signal"}` or, before
+//! the code, `{"failed"}`). The run's claim of its exit code is taken when it comes
+//! first: it can only say what the run could have chosen anyway by exiting with
+//! that code at that moment. It keeps the program's exit (unmapping its copy of the
+//! template) and the fork's teardown off the critical path: measured on 2 busy cores,
+//! a pooled `print(1)` took 7.6 ms p50 with the claim against 37.6 ms with the
+//! report alone (and 7.8 ms before the report channel existed). Signals, failures, timeouts and OOM kills
+//! come only from the report, the daemon's timer and the cgroup. Anything else on
+//! the run's socket is a protocol violation: the daemon logs a short escaped
+//! excerpt at info, hangs up (the runner then exits) and takes the report.
 
-use crate::isolate::spec::{ChildSpec, Event};
+use crate::isolate::spec::ChildSpec;
+use crate::isolate::template::TemplateMessage;
 use crate::isolate::{self, Sandboxes, Template};
 use crate::policy::Policy;
 use serde::Serialize;
@@ -26,7 +47,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -187,7 +207,7 @@ impl Pool {
             while let Some(t) = st.ready.get_mut(policy).and_then(VecDeque::pop_front) {
                 // A template whose socket speaks or closed died or misbehaved; its
                 // prepared fork is checked when taken.
-                if isolate::quiet(&t.program) {
+                if t.quiet() {
                     taken = Some(t);
                     break;
                 }
@@ -228,22 +248,15 @@ impl Pool {
     ) -> Result<Result<isolate::Outcome, isolate::Error>, Fallback> {
         let oom_before = template.oom_kills();
         let started = async {
-            let mut forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
+            let forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
             template.attach(&forked, job.workspace, job.owner_uid).await?;
-            let mut line = serde_json::to_vec(&serde_json::json!({
-                "code": job.code,
-                "run_id": job.run_id,
-                "autosave": job.autosave,
-            }))
-            .map_err(|e| isolate::Error::Control(e.into()))?;
-            line.push(b'\n');
-            forked.program.write_all(&line).await.map_err(isolate::Error::Control)?;
-            Ok::<_, isolate::Error>(forked)
+            let code = Code { code: job.code, run_id: job.run_id, autosave: job.autosave };
+            forked.send_code(&code).await
         }
         .await;
         match started {
-            Ok(forked) => {
-                let outcome = template.finish(forked, bounds, chunks, cancel, done).await;
+            Ok(running) => {
+                let outcome = template.finish(running, bounds, chunks, cancel).await;
                 {
                     let mut st = self.lock();
                     *st.recycling.entry(policy.name.clone()).or_default() += 1;
@@ -421,12 +434,14 @@ impl Pool {
         let limits = crate::run::cgroup_limits(policy);
         let mut template = self.sandboxes.start_template(&spec, &limits).await.map_err(|e| e.to_string())?;
         let ready = tokio::select! {
-            r = tokio::time::timeout(READY_TIMEOUT, isolate::read_message(&mut template.program)) => r,
-            _ = self.stop.cancelled() => Ok(None),
+            r = tokio::time::timeout(READY_TIMEOUT, template.next_message()) => r,
+            _ = self.stop.cancelled() => Ok(Ok(None)),
         };
         match ready {
-            Ok(Some(msg)) if msg.get("ready").and_then(|v| v.as_bool()) == Some(true) => {
-                if let Some(failed) = msg.get("failed").and_then(|v| v.as_array()).filter(|a| !a.is_empty()) {
+            Ok(Ok(Some(TemplateMessage::Ready { failed }))) => {
+                if !failed.is_empty() {
+                    let failed: Vec<String> =
+                        failed.iter().take(16).map(|m| isolate::channel::excerpt(m.as_bytes())).collect();
                     tracing::warn!(policy = %policy.name, ?failed, "preload modules that could not be imported (fix the policy's `preload`)");
                 }
                 self.prepare(template, policy).await
@@ -435,7 +450,8 @@ impl Pool {
                 template.destroy().await;
                 Err(match other {
                     Err(_) => format!("its imports took longer than {} s", READY_TIMEOUT.as_secs()),
-                    Ok(_) => "the interpreter ended before it was ready".into(),
+                    Ok(Err(e)) => format!("it broke the protocol: {e}"),
+                    Ok(Ok(_)) => "the interpreter ended before it was ready".into(),
                 })
             }
         }
@@ -463,18 +479,10 @@ pub struct Job<'a> {
     pub autosave: bool,
 }
 
-/// Resolves to how the run ended: the run's own report, or its outer process's.
-pub fn done(mut stream: tokio::net::UnixStream) -> isolate::Done {
-    Box::pin(async move {
-        let msg = isolate::read_message(&mut stream).await?;
-        if let Some(code) = msg.get("exit_code").and_then(|c| c.as_i64()) {
-            return Some(Event::Exited { code: code as i32 });
-        }
-        if let Some(signal) = msg.get("signal").and_then(|c| c.as_i64()) {
-            return Some(Event::Signaled { signal: signal as i32 });
-        }
-        let failed = msg.get("failed")?;
-        let text = |k: &str| failed.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-        Some(Event::SetupFailed { step: text("step"), error: text("error") })
-    })
+/// A run's code, sent on its socket.
+#[derive(Serialize)]
+struct Code<'a> {
+    code: &'a str,
+    run_id: &'a str,
+    autosave: bool,
 }

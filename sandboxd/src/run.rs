@@ -109,7 +109,6 @@ pub struct Context {
     pub pool: std::sync::Arc<crate::pool::Pool>,
     /// The session manager's kernels (kernel-mode sessions).
     pub sessions: std::sync::Arc<crate::session::Manager>,
-    pub kernel_dir: PathBuf,
     pub rootfs: PathBuf,
     pub public_url: String,
 }
@@ -165,7 +164,6 @@ pub fn sandbox_spec(
         shm_size_bytes: policy.shm_mb * 1024 * 1024,
         rlimits: spec::Rlimits { file_size_bytes: policy.file_size_mb * 1024 * 1024, open_files: policy.open_files },
         hostname: "sandbox".into(),
-        control_dir: None,
         template: false,
     }
 }
@@ -281,7 +279,7 @@ pub async fn execute(
     };
     let result = RunResult {
         run_id: run_id.clone(),
-        session_id: lease.id.clone(),
+        session_id: lease.public_id.clone(),
         status,
         exit_code: outcome.exit_code,
         signal: outcome.signal.map(signal_name),
@@ -312,10 +310,13 @@ async fn find_artifacts(
     snapshot: Snapshot,
     run_id: &str,
 ) -> Result<(Vec<Artifact>, bool), ApiError> {
-    let ws = lease.workspace.clone();
-    let changed = tokio::task::spawn_blocking(move || snapshot.changed(&ws))
-        .await
-        .map_err(|e| ApiError::internal("finding artifacts", e))?;
+    let (dir, uid) = (lease.workspace.clone(), lease.uid);
+    let changed = tokio::task::spawn_blocking(move || {
+        crate::workspace::Workspace::open(&dir, uid).and_then(|ws| snapshot.changed(&ws))
+    })
+    .await
+    .map_err(|e| ApiError::internal("finding artifacts", e))?
+    .map_err(|e| ApiError::internal("finding artifacts", e))?;
     let figure_prefix = format!("figure-{}-", &run_id[..8]);
     let max = lease.policy.max_artifacts;
     let truncated = changed.len() > max;
@@ -331,7 +332,12 @@ async fn find_artifacts(
             };
             Artifact {
                 mime_type: artifacts::mime_type(&e.path),
-                url: format!("{}/v1/sessions/{}/files/{}", ctx.public_url, lease.id, artifacts::url_path(&e.path)),
+                url: format!(
+                    "{}/v1/sessions/{}/files/{}",
+                    ctx.public_url,
+                    lease.public_id,
+                    artifacts::url_path(&e.path)
+                ),
                 size_bytes: e.size,
                 path: name,
                 kind,
@@ -342,9 +348,10 @@ async fn find_artifacts(
 }
 
 async fn snapshot(lease: &Lease) -> Result<Snapshot, ApiError> {
-    let ws = lease.workspace.clone();
-    tokio::task::spawn_blocking(move || Snapshot::take(&ws))
+    let (dir, uid) = (lease.workspace.clone(), lease.uid);
+    tokio::task::spawn_blocking(move || crate::workspace::Workspace::open(&dir, uid).and_then(|ws| Snapshot::take(&ws)))
         .await
+        .map_err(|e| ApiError::internal("snapshotting the workspace", e))?
         .map_err(|e| ApiError::internal("snapshotting the workspace", e))
 }
 
@@ -363,22 +370,21 @@ async fn execute_cell(
     let snapshot = snapshot(lease).await?;
     tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
     tracing::debug!(run_id = %run_id, code = %req.code, "cell code");
-    let msg = serde_json::json!({
-        "code": req.code,
-        "run_id": run_id,
-        "autosave": req.autosave_figures.unwrap_or(policy.autosave_figures),
-        "output_limit": policy.output_bytes(),
-        "stream": chunks.is_some(),
-    });
+    let cell = kernel::CellRequest {
+        code: req.code.clone(),
+        run_id: run_id.clone(),
+        autosave: req.autosave_figures.unwrap_or(policy.autosave_figures),
+        output_limit: policy.output_bytes(),
+    };
     let grace = Duration::from_secs(policy.grace_s.max(1));
-    let (kernel, end) = existing.exec(msg, timeout, grace, lease.cancel.clone(), chunks).await;
+    let (kernel, end) = existing.exec(&cell, timeout, grace, lease.cancel.clone(), chunks).await;
     if let Some(k) = kernel {
         ctx.kernels().lock().await.insert(lease.id.clone(), k);
     }
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
     let mut result = RunResult {
         run_id: run_id.clone(),
-        session_id: lease.id.clone(),
+        session_id: lease.public_id.clone(),
         status: Status::Ok,
         exit_code: None,
         signal: None,
@@ -405,29 +411,45 @@ async fn execute_cell(
             result.stderr = reply.stderr;
             result.stdout_truncated = reply.stdout_truncated;
             result.stderr_truncated = reply.stderr_truncated;
-            result.kernel =
-                Some(KernelFields { result: reply.result, exception: reply.exception, kernel_restarted: false });
+            result.kernel = Some(KernelFields {
+                result: reply.result.and_then(|r| serde_json::to_value(r).ok()),
+                exception: reply.exception.and_then(|e| serde_json::to_value(e).ok()),
+                kernel_restarted: false,
+            });
         }
-        kernel::CellEnd::Died { timed_out, cancelled, outcome } => {
+        kernel::CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr } => {
+            // How it ended comes from the daemon's timer and the cgroup; a protocol
+            // violation is the daemon's own finding.
             let oom = outcome.as_ref().is_some_and(|o| o.oom_killed);
             result.status = if timed_out {
                 Status::Timeout
             } else if oom {
                 Status::Oom
+            } else if violation.is_some() {
+                Status::Error
             } else {
                 Status::Killed
             };
             result.signal = Some(signal_name(libc::SIGKILL));
             let why = if timed_out {
-                "the cell ignored the interrupt at its time limit and was killed"
+                "the cell ignored the interrupt at its time limit and was killed".to_string()
             } else if oom {
-                "the cell ran out of memory"
+                "the cell ran out of memory".to_string()
+            } else if let Some(v) = &violation {
+                format!("the kernel broke the protocol ({v}) and was killed")
             } else if cancelled {
-                "the run was stopped"
+                "the run was stopped".to_string()
             } else {
-                "the kernel died"
+                "the kernel died".to_string()
             };
-            result.stderr = format!("sandboxd: {why}; the kernel was restarted and its variables are gone\n");
+            result.stdout = stdout.text;
+            result.stdout_truncated = stdout.truncated;
+            result.stderr_truncated = stderr.truncated;
+            let mut err = stderr.text;
+            if !err.is_empty() && !err.ends_with('\n') {
+                err.push('\n');
+            }
+            result.stderr = format!("{err}sandboxd: {why}; the kernel was restarted and its variables are gone\n");
             result.kernel = Some(KernelFields { result: None, exception: None, kernel_restarted: true });
         }
     }
@@ -448,7 +470,6 @@ async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Ap
                 workspace: &lease.workspace,
                 uid: lease.uid,
                 policy: &lease.policy,
-                control_root: &ctx.kernel_dir,
             },
         )
         .await

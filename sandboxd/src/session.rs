@@ -2,8 +2,16 @@
 //! a policy, a mode, an idle TTL and an owner.
 //!
 //! The manager keeps the live state (busy, the running run's cancel switch) in
-//! memory and each session's description in `<state>/sessions/<id>/session.json`,
+//! memory and each session's description in `<state>/sessions/<key>/session.json`,
 //! so a restarted daemon takes back the sessions still within their TTL.
+//!
+//! Tenants: each bearer token has an id space of its own, so two tokens can both
+//! have a session `x`, and no answer tells a token whether another one uses an id.
+//! A session's key (its directory, its kernel, its key in the manager) is its id
+//! for callers without a token, and `<tenant>.<id>` for a token's session, where
+//! the tenant is the first 16 hex digits of the token's hash. A caller without a
+//! token (the operator) sees and addresses sessions by key; a token's caller by id.
+//! Each token also has quotas: sessions held, and runs going at once.
 
 use crate::api::error::{ApiError, Code};
 use crate::policy::Policy;
@@ -63,14 +71,18 @@ pub struct Manager {
     idle: Notify,
     /// Live kernels of kernel-mode sessions, taken out while a cell runs.
     pub kernels: tokio::sync::Mutex<HashMap<String, crate::kernel::Kernel>>,
-    /// Where kernels' control sockets live.
-    pub kernel_dir: PathBuf,
+    /// Most sessions one token holds, and runs it has going, at once.
+    token_max_sessions: usize,
+    token_max_runs: usize,
 }
 
 /// Marks a session busy for one run; dropping it frees the session.
 pub struct Lease {
     manager: Arc<Manager>,
+    /// The session's key: its directory, its kernel (see the module doc).
     pub id: String,
+    /// The id as the caller addresses it: for results and artifact URLs.
+    pub public_id: String,
     pub uid: u32,
     pub policy: Arc<Policy>,
     pub workspace: PathBuf,
@@ -113,6 +125,47 @@ pub fn new_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
+/// The tenant label of a token identity (its hash): 16 hex digits.
+fn tenant(owner: &str) -> &str {
+    owner.get(..16).unwrap_or(owner)
+}
+
+/// The key of session `id` as addressed by `owner`: a token's caller addresses its
+/// own id space; a caller without a token addresses keys (`id`, or `tenant.id`).
+pub fn key(id: &str, owner: Option<&str>) -> Result<String, ApiError> {
+    match owner {
+        Some(o) => {
+            validate_id(id)?;
+            Ok(format!("{}.{id}", tenant(o)))
+        }
+        None => {
+            let is_key = id.split_once('.').is_some_and(|(t, rest)| {
+                t.len() == 16
+                    && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                    && validate_id(rest).is_ok()
+            });
+            if !is_key {
+                validate_id(id)?;
+            }
+            Ok(id.to_string())
+        }
+    }
+}
+
+/// The key of a stored session.
+fn key_of(info: &SessionInfo) -> String {
+    match &info.owner {
+        Some(o) => format!("{}.{}", tenant(o), info.id),
+        None => info.id.clone(),
+    }
+}
+
+/// `info` as `owner` sees it: its id in the caller's space.
+fn shown(info: &SessionInfo, busy: bool, owner: Option<&str>) -> SessionInfo {
+    let id = if owner.is_some() { info.id.clone() } else { key_of(info) };
+    SessionInfo { id, busy, ..info.clone() }
+}
+
 impl Manager {
     pub fn new(
         state_dir: &Path,
@@ -123,9 +176,11 @@ impl Manager {
     ) -> std::io::Result<Manager> {
         let dir = state_dir.join("sessions");
         std::fs::create_dir_all(&dir)?;
-        // No kernel outlives the daemon that started it: their control sockets go too.
+        // Kernels' control sockets of older versions lived here (kernels now get
+        // theirs as an inherited fd).
         let _ = std::fs::remove_dir_all(state_dir.join("kernels"));
-        // The sandbox (an unprivileged host uid) must traverse to its workspace.
+        // Sandboxes (unprivileged host uids) pass through to the rootfs and their
+        // workspace; nobody but root lists either directory.
         std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o711))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
         Ok(Manager {
@@ -137,8 +192,16 @@ impl Manager {
             sessions: Mutex::new(HashMap::new()),
             idle: Notify::new(),
             kernels: tokio::sync::Mutex::new(HashMap::new()),
-            kernel_dir: state_dir.join("kernels"),
+            token_max_sessions: max_sessions,
+            token_max_runs: max_sessions,
         })
+    }
+
+    /// Set the per-token quotas (each at most `max_sessions`).
+    pub fn with_token_quotas(mut self, sessions: usize, runs: usize) -> Manager {
+        self.token_max_sessions = sessions.clamp(1, self.max_sessions);
+        self.token_max_runs = runs.clamp(1, self.max_sessions);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Live>> {
@@ -161,20 +224,36 @@ impl Manager {
         self.policies.values()
     }
 
-    fn session_dir(&self, id: &str) -> PathBuf {
-        self.dir.join(id)
+    fn session_dir(&self, key: &str) -> PathBuf {
+        self.dir.join(key)
     }
 
-    pub fn workspace(&self, id: &str) -> PathBuf {
-        self.session_dir(id).join("data")
+    /// The workspace of the session with this key.
+    pub fn workspace(&self, key: &str) -> PathBuf {
+        self.session_dir(key).join("data")
+    }
+
+    /// The workspace of session `id` as `owner` addresses it, if `owner` sees it.
+    pub fn workspace_of(&self, id: &str, owner: Option<&str>) -> Result<PathBuf, ApiError> {
+        let key = key(id, owner)?;
+        match self.lock().get(&key) {
+            Some(live) if Self::visible(live, owner) => Ok(self.workspace(&key)),
+            _ => Err(Self::not_found(id)),
+        }
     }
 
     fn persist(&self, info: &SessionInfo) {
-        let path = self.session_dir(&info.id).join("session.json");
+        let path = self.session_dir(&key_of(info)).join("session.json");
         let tmp = path.with_extension("json.tmp");
         let write = serde_json::to_vec_pretty(info)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|bytes| {
+                // Root's alone (0600), whatever an earlier write left behind.
+                let _ = std::fs::remove_file(&tmp);
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?.write_all(&bytes)
+            })
             .and_then(|_| std::fs::rename(&tmp, &path));
         if let Err(e) = write {
             tracing::warn!(session_id = %info.id, error = %e, "could not save the session description");
@@ -205,6 +284,7 @@ impl Manager {
         owner: Option<&str>,
     ) -> Result<SessionInfo, ApiError> {
         let policy = self.policy(policy)?;
+        // Caller-chosen ids are plain ids in every space: none names another tenant's.
         let id = match id {
             Some(id) => {
                 validate_id(&id)?;
@@ -212,37 +292,39 @@ impl Manager {
             }
             None => new_id(),
         };
+        let key = key(&id, owner)?;
         if let Some(ttl) = ttl_s {
             if ttl == 0 || ttl > 30 * 86400 {
                 return Err(ApiError::new(Code::InvalidRequest, "ttl_s must be from 1 to 2592000 seconds"));
             }
         }
-        let info = self.reserve(&id, &policy, mode, ttl_s, owner)?;
-        let dir = self.session_dir(&id);
+        let info = self.reserve(&key, &id, &policy, mode, ttl_s, owner)?;
+        let dir = self.session_dir(&key);
         let made = async {
             std::fs::create_dir_all(&dir)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+            storage::restrict_dir(&dir, info.uid)?;
             storage::create(&dir, policy.workspace_bytes(), info.uid).await
         }
         .await;
         if let Err(e) = made {
             let _ = storage::unmount(&dir).await;
             let _ = std::fs::remove_dir_all(&dir);
-            self.lock().remove(&id);
+            self.lock().remove(&key);
             self.idle.notify_waiters();
             return Err(ApiError::internal("creating the session workspace", e));
         }
-        if let Some(live) = self.lock().get_mut(&id) {
+        if let Some(live) = self.lock().get_mut(&key) {
             live.busy = false;
         }
         self.persist(&info);
-        tracing::info!(session_id = %info.id, policy = %info.policy, "session created");
-        Ok(info)
+        tracing::info!(session_id = %key, policy = %info.policy, "session created");
+        Ok(shown(&info, false, owner))
     }
 
-    /// Check the limits and reserve `id` with its host uid, under the lock.
+    /// Check the limits and reserve `key` with its host uid, under the lock.
     fn reserve(
         &self,
+        key: &str,
         id: &str,
         policy: &Policy,
         mode: Mode,
@@ -250,11 +332,20 @@ impl Manager {
         owner: Option<&str>,
     ) -> Result<SessionInfo, ApiError> {
         let mut map = self.lock();
-        if map.contains_key(id) {
+        if map.contains_key(key) {
             return Err(ApiError::new(
                 Code::SessionExists,
                 format!("session {id:?} already exists: use it, close it first, or pick another id"),
             ));
+        }
+        if let Some(o) = owner {
+            let held = map.values().filter(|l| l.info.owner.as_deref() == Some(o)).count();
+            if held >= self.token_max_sessions {
+                return Err(ApiError::new(
+                    Code::MaxSessions,
+                    format!("this token already holds its maximum of {} sessions (token_max_sessions): close one (DELETE /v1/sessions/ID) or wait for idle ones to expire", self.token_max_sessions),
+                ));
+            }
         }
         if map.len() >= self.max_sessions {
             return Err(ApiError::new(
@@ -279,27 +370,24 @@ impl Manager {
             uid,
             busy: false,
         };
-        // Reserve the id (busy, so nothing runs in it) while the workspace is made.
-        map.insert(id.to_string(), Live { info: info.clone(), last_used: now, busy: true, cancel: None });
+        // Reserve the key (busy, so nothing runs in it) while the workspace is made.
+        map.insert(key.to_string(), Live { info: info.clone(), last_used: now, busy: true, cancel: None });
         Ok(info)
     }
 
     pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, ApiError> {
-        validate_id(id)?;
+        let key = key(id, owner)?;
         let map = self.lock();
-        match map.get(id) {
-            Some(live) if Self::visible(live, owner) => Ok(SessionInfo { busy: live.busy, ..live.info.clone() }),
+        match map.get(&key) {
+            Some(live) if Self::visible(live, owner) => Ok(shown(&live.info, live.busy, owner)),
             _ => Err(Self::not_found(id)),
         }
     }
 
     pub fn list(&self, owner: Option<&str>) -> Vec<SessionInfo> {
         let map = self.lock();
-        let mut v: Vec<SessionInfo> = map
-            .values()
-            .filter(|l| Self::visible(l, owner))
-            .map(|l| SessionInfo { busy: l.busy, ..l.info.clone() })
-            .collect();
+        let mut v: Vec<SessionInfo> =
+            map.values().filter(|l| Self::visible(l, owner)).map(|l| shown(&l.info, l.busy, owner)).collect();
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v
     }
@@ -310,69 +398,91 @@ impl Manager {
 
     /// Take the session for one run; `session_busy` at once if a run holds it.
     pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, ApiError> {
-        validate_id(id)?;
+        let key = key(id, owner)?;
         let mut map = self.lock();
-        let live = match map.get_mut(id) {
-            Some(l) if Self::visible(l, owner) => l,
+        match map.get(&key) {
+            Some(l) if Self::visible(l, owner) => {}
             _ => return Err(Self::not_found(id)),
-        };
-        if live.busy {
+        }
+        if map.get(&key).is_some_and(|l| l.busy) {
             return Err(ApiError::new(
                 Code::SessionBusy,
                 format!("session {id:?} is running code: wait for that run to finish, or use another session"),
             ));
         }
+        self.check_runs(&map, owner)?;
+        let Some(live) = map.get_mut(&key) else { return Err(Self::not_found(id)) };
         let policy = self.policy(Some(&live.info.policy))?;
         let (tx, rx) = watch::channel(false);
         live.busy = true;
         live.cancel = Some(tx);
         Ok(Lease {
             manager: self.clone(),
-            id: id.to_string(),
+            id: key.clone(),
+            public_id: id.to_string(),
             uid: live.info.uid,
             policy,
-            workspace: self.workspace(id),
+            workspace: self.workspace(&key),
             mode: live.info.mode,
             cancel: rx,
         })
     }
 
+    /// A token's runs going at once must stay below its quota.
+    fn check_runs(&self, map: &HashMap<String, Live>, owner: Option<&str>) -> Result<(), ApiError> {
+        let Some(o) = owner else { return Ok(()) };
+        let running = map.values().filter(|l| l.cancel.is_some() && l.info.owner.as_deref() == Some(o)).count();
+        if running >= self.token_max_runs {
+            return Err(ApiError::new(
+                Code::MaxRuns,
+                format!("this token already has its maximum of {} runs going at once (token_max_runs): wait for one to finish, or cancel one (DELETE /v1/sessions/ID/run), then retry", self.token_max_runs),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `max_runs` if `owner` could not start another run now.
+    pub fn check_run_quota(&self, owner: Option<&str>) -> Result<(), ApiError> {
+        self.check_runs(&self.lock(), owner)
+    }
+
     /// Close a session: kill its run, if any, and remove its files.
     pub async fn close(&self, id: &str, owner: Option<&str>) -> Result<(), ApiError> {
-        validate_id(id)?;
+        let key = key(id, owner)?;
+        let key = key.as_str();
         loop {
             let notified = self.idle.notified();
             {
                 let mut map = self.lock();
-                match map.get(id) {
+                match map.get(key) {
                     Some(l) if Self::visible(l, owner) => {}
                     _ => return Err(Self::not_found(id)),
                 }
-                let busy = map.get(id).map(|l| l.busy).unwrap_or(false);
+                let busy = map.get(key).map(|l| l.busy).unwrap_or(false);
                 if !busy {
-                    map.remove(id);
+                    map.remove(key);
                     break;
                 }
-                if let Some(cancel) = map.get(id).and_then(|l| l.cancel.as_ref()) {
+                if let Some(cancel) = map.get(key).and_then(|l| l.cancel.as_ref()) {
                     let _ = cancel.send(true);
                 }
             }
             // Wait for the run to end (it was told to die), then try again.
             let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
         }
-        let kernel = self.kernels.lock().await.remove(id);
+        let kernel = self.kernels.lock().await.remove(key);
         if let Some(k) = kernel {
             k.stop().await;
         }
-        let dir = self.session_dir(id);
+        let dir = self.session_dir(key);
         if let Err(e) = storage::unmount(&dir).await {
-            tracing::warn!(session_id = %id, error = %e, "could not unmount the session's workspace");
+            tracing::warn!(session_id = %key, error = %e, "could not unmount the session's workspace");
         }
         let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
         if let Ok(Err(e)) = removed {
-            tracing::warn!(session_id = %id, error = %e, "could not remove the session's files");
+            tracing::warn!(session_id = %key, error = %e, "could not remove the session's files");
         }
-        tracing::info!(session_id = %id, "session closed");
+        tracing::info!(session_id = %key, "session closed");
         Ok(())
     }
 
@@ -385,7 +495,7 @@ impl Manager {
             .filter(|l| {
                 !l.busy && now.duration_since(l.last_used).unwrap_or_default() > Duration::from_secs(l.info.ttl_s)
             })
-            .map(|l| l.info.id.clone())
+            .map(|l| key_of(&l.info))
             .collect();
         for id in expired {
             tracing::info!(session_id = %id, "session expired");
@@ -395,9 +505,9 @@ impl Manager {
 
     /// Kill the run in flight in session `id`, if any. Returns whether one was.
     pub fn cancel_run(&self, id: &str, owner: Option<&str>) -> Result<bool, ApiError> {
-        validate_id(id)?;
+        let key = key(id, owner)?;
         let map = self.lock();
-        match map.get(id) {
+        match map.get(&key) {
             Some(l) if Self::visible(l, owner) => Ok(l.cancel.as_ref().map(|c| c.send(true).is_ok()).unwrap_or(false)),
             _ => Err(Self::not_found(id)),
         }
@@ -426,21 +536,29 @@ impl Manager {
             let path = entry.path();
             let info: Option<SessionInfo> =
                 std::fs::read(path.join("session.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-            let info =
-                info.filter(|i| validate_id(&i.id).is_ok() && path.file_name() == Some(std::ffi::OsStr::new(&i.id)));
+            // A session is kept only in the directory named by its key.
+            let info = info.filter(|i| {
+                validate_id(&i.id).is_ok()
+                    && i.owner.as_deref().is_none_or(|o| o.len() == 32 && o.bytes().all(|b| b.is_ascii_hexdigit()))
+                    && path.file_name() == Some(std::ffi::OsStr::new(&key_of(i)))
+            });
             let keep = info.filter(|i| {
                 let last_used = humantime::parse_rfc3339(&i.last_used_at).unwrap_or(UNIX_EPOCH);
                 now.duration_since(last_used).unwrap_or_default() <= Duration::from_secs(i.ttl_s)
                     && self.policies.contains_key(&i.policy)
             });
             let mounted = match &keep {
-                Some(_) => storage::mount(&path).await,
+                Some(i) => match storage::mount(&path).await {
+                    // An earlier version left wider modes: fix them before serving.
+                    Ok(()) => storage::restrict(&path, i.uid),
+                    Err(e) => Err(e),
+                },
                 None => Err(std::io::Error::other("expired or invalid")),
             };
             match (keep, mounted) {
                 (Some(info), Ok(())) => {
                     let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
-                    self.lock().insert(info.id.clone(), Live { info, last_used, busy: false, cancel: None });
+                    self.lock().insert(key_of(&info), Live { info, last_used, busy: false, cancel: None });
                     taken += 1;
                 }
                 (_, result) => {
@@ -478,6 +596,26 @@ impl Manager {
             if let Err(e) = storage::unmount(&self.session_dir(&id)).await {
                 tracing::warn!(session_id = %id, error = %e, "could not unmount a workspace");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn each_token_has_its_own_id_space_and_the_operator_addresses_keys() {
+        let a = "0123456789abcdef0123456789abcdef";
+        let b = "fedcba9876543210fedcba9876543210";
+        assert_eq!(key("x", Some(a)).unwrap(), "0123456789abcdef.x");
+        assert_ne!(key("x", Some(a)).unwrap(), key("x", Some(b)).unwrap());
+        assert_eq!(key("x", None).unwrap(), "x");
+        assert_eq!(key("0123456789abcdef.x", None).unwrap(), "0123456789abcdef.x");
+        // A token cannot name a key, and nobody names a malformed one.
+        assert_eq!(key("0123456789abcdef.x", Some(b)).unwrap_err().code, Code::InvalidSessionId);
+        for bad in ["0123456789ABCDEF.x", "0123.x", "0123456789abcdef.", "0123456789abcdef.x.y", "../x", ""] {
+            assert_eq!(key(bad, None).unwrap_err().code, Code::InvalidSessionId, "{bad}");
         }
     }
 }

@@ -1,17 +1,49 @@
-//! Safe access to a session's workspace from the daemon, which runs as root.
+//! The one way the daemon (root) touches a session's workspace: from the
+//! workspace's root fd, one component at a time, never by a name sandboxed code
+//! can change under it.
 //!
-//! Every path a client gives is validated ([`validate`]) and every open goes
-//! through `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)`
-//! relative to the workspace directory, so no symlink (in any component), `..` or
-//! mount crossing can take the daemon outside the workspace. Regular files with
-//! more than one link are refused: a hard link may point at a file elsewhere.
+//! Sandboxed code owns the workspace and can swap any directory in it for a
+//! symlink at any moment (a kernel session keeps running while the daemon works).
+//! So no multi-component path ever reaches a syscall: each component is opened
+//! with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+//! RESOLVE_NO_XDEV)` and `O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC` relative to the fd
+//! of its parent, the fd is checked with `fstat` (a directory to descend into, a
+//! regular file to read; nothing else is read, hashed, listed or descended into),
+//! and `mkdirat`, `unlinkat` and file creation name one component relative to a
+//! directory fd reached that way. Walks read directory fds (getdents) and
+//! `fstatat(AT_SYMLINK_NOFOLLOW)` each name, bounded in entries and depth.
+//!
+//! On top of that, every operation runs with the thread's filesystem identity
+//! (`setfsuid`/`setfsgid`, no supplementary groups) set to the session's host
+//! uid ([`Workspace::open`]'s `uid`, which owns the workspace): the kernel then
+//! checks permissions as for the session's user and root's filesystem
+//! capabilities are off, so even a mistake reaches only what that user could.
+//! Files and directories made here are owned by that uid.
+//!
+//! Regular files with more than one link are refused for reads: a hard link may
+//! name a file the client should not see.
 
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::Mode;
+use nix::dir::Dir;
+use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{FileStat, Mode};
+use sha2::{Digest, Sha256};
+use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{self, Read};
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// Most directory entries looked at in one walk; a bigger workspace is walked partly.
+pub const MAX_WALK: usize = 200_000;
+/// Deepest directory a walk descends into (it holds one fd per level).
+pub const MAX_DEPTH: usize = 64;
+/// Largest file hashed.
+pub const MAX_HASH_FILE: u64 = 64 * 1024 * 1024;
+/// Most bytes hashed by one snapshot (or one comparison) in all.
+pub const MAX_HASH_TOTAL: u64 = 256 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -23,6 +55,12 @@ pub enum Error {
     Exists(String),
     #[error("{0} is a link or special file, which is never served; only regular files are")]
     NotRegular(String),
+    #[error("{0} is a symbolic link, which the daemon never follows: name the real file or directory instead")]
+    Link(String),
+    #[error("{0} is not a directory")]
+    NotDir(String),
+    #[error("{0}: permission denied to the session's user: make it readable and writable from the sandbox (chmod)")]
+    Denied(String),
     #[error("{0}: {1}")]
     Io(String, io::Error),
 }
@@ -63,119 +101,426 @@ pub fn validate(path: &str) -> Result<PathBuf, Error> {
     Ok(out)
 }
 
-fn how(flags: OFlag, mode: u32) -> OpenHow {
-    OpenHow::new().flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW).mode(Mode::from_bits_truncate(mode)).resolve(
-        ResolveFlag::RESOLVE_BENEATH
-            | ResolveFlag::RESOLVE_NO_SYMLINKS
-            | ResolveFlag::RESOLVE_NO_MAGICLINKS
-            | ResolveFlag::RESOLVE_NO_XDEV,
-    )
-}
-
 fn display(rel: &Path) -> String {
     rel.display().to_string()
 }
 
-fn open_at<Fd: AsFd>(dir: Fd, rel: &Path, flags: OFlag, mode: u32) -> Result<OwnedFd, Error> {
-    nix::fcntl::openat2(dir, rel, how(flags, mode)).map_err(|e| match e {
+/// One path component as a C string (validated paths have no NUL).
+fn cname(name: &OsStr, rel: &Path) -> Result<CString, Error> {
+    CString::new(name.as_bytes()).map_err(|_| Error::InvalidPath(format!("{} contains a NUL byte", display(rel))))
+}
+
+/// The plain components of a validated relative path.
+fn parts(rel: &Path) -> Result<Vec<&OsStr>, Error> {
+    rel.components()
+        .map(|c| match c {
+            Component::Normal(n) => Ok(n),
+            _ => Err(Error::InvalidPath(format!("{} is not a plain relative path", display(rel)))),
+        })
+        .collect()
+}
+
+fn how(flags: OFlag, mode: u32) -> OpenHow {
+    OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK)
+        .mode(Mode::from_bits_truncate(mode))
+        .resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_NO_XDEV,
+        )
+}
+
+fn is(st: &FileStat, kind: libc::mode_t) -> bool {
+    (st.st_mode & libc::S_IFMT) == kind
+}
+
+/// Map an errno met at `rel` (whose last component was being opened).
+fn at(rel: &Path, wanted_dir: bool) -> impl Fn(nix::Error) -> Error + '_ {
+    move |e| match e {
         nix::Error::ENOENT => Error::NotFound(display(rel)),
         nix::Error::EEXIST => Error::Exists(display(rel)),
-        nix::Error::ELOOP | nix::Error::EXDEV => Error::NotRegular(display(rel)),
+        nix::Error::ELOOP => Error::Link(display(rel)),
+        nix::Error::ENOTDIR if wanted_dir => Error::NotDir(display(rel)),
+        nix::Error::EXDEV | nix::Error::ENXIO | nix::Error::ENOTDIR | nix::Error::EISDIR => {
+            Error::NotRegular(display(rel))
+        }
+        nix::Error::EACCES | nix::Error::EPERM => Error::Denied(display(rel)),
         other => Error::Io(display(rel), other.into()),
-    })
+    }
+}
+
+/// Open the single component `name` in `dir` as a directory, checked with fstat.
+fn open_dir<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path) -> Result<OwnedFd, Error> {
+    let fd = nix::fcntl::openat2(&dir, name, how(OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)).map_err(|e| {
+        // O_DIRECTORY answers ENOTDIR for a symlink too: say which it is.
+        let link = e == nix::Error::ENOTDIR
+            && nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| is(&st, libc::S_IFLNK));
+        if link {
+            Error::Link(display(rel))
+        } else {
+            at(rel, true)(e)
+        }
+    })?;
+    let st = nix::sys::stat::fstat(&fd).map_err(at(rel, true))?;
+    if !is(&st, libc::S_IFDIR) {
+        return Err(Error::NotDir(display(rel)));
+    }
+    Ok(fd)
+}
+
+/// Open the single component `name` in `dir` as a regular file with `flags`,
+/// checked with fstat; returns the fd and what fstat said.
+fn open_file<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path, flags: OFlag, mode: u32) -> Result<(File, FileStat), Error> {
+    let fd = nix::fcntl::openat2(dir, name, how(flags, mode)).map_err(at(rel, false))?;
+    let st = nix::sys::stat::fstat(&fd).map_err(at(rel, false))?;
+    if !is(&st, libc::S_IFREG) {
+        return Err(Error::NotRegular(display(rel)));
+    }
+    Ok((File::from(fd), st))
+}
+
+/// The calling thread's filesystem identity switched to a session's user (and
+/// no supplementary groups) until dropped. Per thread: it must not cross an
+/// `.await`, which is why it is neither `Send` nor held by anything async.
+struct Identity {
+    restore: Option<(u32, u32, Vec<libc::gid_t>)>,
+    _thread: PhantomData<*const ()>,
+}
+
+fn setgroups_thread(groups: &[libc::gid_t]) -> nix::Result<()> {
+    // SAFETY: the raw syscall (not glibc's wrapper, which changes every thread)
+    // sets this thread's supplementary groups from a valid slice of gid_t.
+    let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    nix::Error::result(rc).map(drop)
+}
+
+impl Identity {
+    fn assume(uid: u32) -> Result<Identity, Error> {
+        let none = Identity { restore: None, _thread: PhantomData };
+        // setfsuid answers the previous id; asking for an invalid one changes nothing.
+        let fsuid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(u32::MAX)).as_raw();
+        let fsgid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(u32::MAX)).as_raw();
+        if fsuid == uid && fsgid == uid {
+            return Ok(none);
+        }
+        if !nix::unistd::geteuid().is_root() {
+            // Not root (a unit test): the kernel checks as our own user anyway.
+            return Ok(none);
+        }
+        let groups: Vec<libc::gid_t> = nix::unistd::getgroups()
+            .map_err(|e| Error::Io("getgroups".into(), e.into()))?
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect();
+        let mut me = Identity { restore: Some((fsuid, fsgid, groups)), _thread: PhantomData };
+        if let Some((_, _, groups)) = &me.restore {
+            if !groups.is_empty() {
+                setgroups_thread(&[]).map_err(|e| Error::Io("setgroups".into(), e.into()))?;
+            }
+        }
+        nix::unistd::setfsgid(nix::unistd::Gid::from_raw(uid));
+        nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
+        let now_uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(u32::MAX)).as_raw();
+        let now_gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(u32::MAX)).as_raw();
+        if now_uid != uid || now_gid != uid {
+            let restore = me.restore.take();
+            drop(Identity { restore, _thread: PhantomData });
+            return Err(Error::Io("setfsuid".into(), io::Error::other(format!("could not act as uid {uid}"))));
+        }
+        Ok(me)
+    }
+}
+
+impl Drop for Identity {
+    fn drop(&mut self) {
+        if let Some((uid, gid, groups)) = self.restore.take() {
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
+            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(gid));
+            if !groups.is_empty() {
+                if let Err(e) = setgroups_thread(&groups) {
+                    tracing::error!(error = %e, "could not restore this thread's supplementary groups");
+                }
+            }
+        }
+    }
+}
+
+/// What a walk found for one regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub ino: u64,
+    pub size: u64,
+    pub nlink: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl Stat {
+    fn of(st: &FileStat) -> Stat {
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        Stat {
+            ino: st.st_ino,
+            size: st.st_size.max(0) as u64,
+            nlink: st.st_nlink,
+            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+
+    pub fn modified(&self) -> SystemTime {
+        let ns = self.mtime_ns.max(0);
+        SystemTime::UNIX_EPOCH
+            + Duration::from_secs((ns / 1_000_000_000) as u64)
+            + Duration::from_nanos((ns % 1_000_000_000) as u64)
+    }
+}
+
+/// A regular file met by [`Workspace::walk`], with its directory's fd for hashing.
+pub struct Found<'a> {
+    dir: BorrowedFd<'a>,
+    name: &'a CStr,
+    pub path: &'a Path,
+    pub stat: Stat,
+}
+
+impl Found<'_> {
+    /// SHA-256 of the file's bytes, if it is still the regular file the walk
+    /// listed (same inode and size), at most [`MAX_HASH_FILE`] long, and fits in
+    /// `budget` (bytes left to hash; what is read is taken from it).
+    pub fn sha256(&self, budget: &mut u64) -> Option<[u8; 32]> {
+        let size = self.stat.size;
+        if size > MAX_HASH_FILE || size > *budget {
+            return None;
+        }
+        let (file, st) = open_file(self.dir, self.name, self.path, OFlag::O_RDONLY, 0).ok()?;
+        if st.st_ino != self.stat.ino || st.st_size.max(0) as u64 != size {
+            return None;
+        }
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut read = 0u64;
+        // One byte more than listed tells a file that grew meanwhile.
+        let mut limited = file.take(size + 1);
+        loop {
+            let n = match limited.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            };
+            read += n as u64;
+            *budget = budget.saturating_sub(n as u64);
+            hasher.update(&buf[..n]);
+        }
+        (read == size).then(|| hasher.finalize().into())
+    }
+}
+
+/// How a walk ended.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Walked {
+    /// Entries were left out: more than [`MAX_WALK`], or deeper than [`MAX_DEPTH`].
+    pub partial: bool,
 }
 
 /// A session workspace root, opened once per operation.
 pub struct Workspace {
     root: OwnedFd,
+    uid: u32,
 }
 
 impl Workspace {
-    pub fn open(dir: &Path) -> Result<Workspace, Error> {
-        let root = nix::fcntl::open(dir, OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
-            .map_err(|e| Error::Io(dir.display().to_string(), e.into()))?;
-        Ok(Workspace { root })
+    /// Open the workspace directory `dir` (a path the daemon made, not one the
+    /// sandbox can change) of a session whose host user is `uid`.
+    pub fn open(dir: &Path, uid: u32) -> Result<Workspace, Error> {
+        let root = nix::fcntl::open(
+            dir,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::Io(dir.display().to_string(), e.into()))?;
+        Ok(Workspace { root, uid })
     }
 
-    /// Open a regular file for reading; refuses links, devices, fifos and
-    /// multiply-linked files.
-    pub fn open_read(&self, rel: &Path) -> Result<(File, std::fs::Metadata), Error> {
-        let fd = open_at(&self.root, rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0)?;
-        let file = File::from(fd);
-        let meta = file.metadata().map_err(|e| Error::Io(display(rel), e))?;
-        use std::os::unix::fs::MetadataExt;
-        if !meta.is_file() || meta.nlink() > 1 {
-            return Err(Error::NotRegular(display(rel)));
-        }
-        Ok((file, meta))
-    }
-
-    /// Create (or, with `overwrite`, replace) a regular file owned by `uid`,
-    /// creating parent directories as needed.
-    pub fn create(&self, rel: &Path, overwrite: bool, uid: u32) -> Result<File, Error> {
-        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-            self.mkdirs(parent, uid)?;
-        }
-        let mut flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC;
-        if !overwrite {
-            flags |= OFlag::O_EXCL;
-        }
-        let fd = open_at(&self.root, rel, flags, 0o644)?;
-        let file = File::from(fd);
-        let meta = file.metadata().map_err(|e| Error::Io(display(rel), e))?;
-        use std::os::unix::fs::MetadataExt;
-        if !meta.is_file() || meta.nlink() > 1 {
-            return Err(Error::NotRegular(display(rel)));
-        }
-        nix::unistd::fchown(&file, Some(uid.into()), Some(uid.into()))
-            .map_err(|e| Error::Io(display(rel), e.into()))?;
-        Ok(file)
-    }
-
-    fn mkdirs(&self, rel: &Path, uid: u32) -> Result<(), Error> {
+    /// The directory `rel` (every component a real directory), as an fd.
+    fn dir_at(&self, rel: &Path) -> Result<OwnedFd, Error> {
+        let mut dir = self.root.try_clone().map_err(|e| Error::Io(display(rel), e))?;
         let mut sofar = PathBuf::new();
-        for part in rel.components() {
+        for part in parts(rel)? {
             sofar.push(part);
-            match nix::sys::stat::mkdirat(&self.root, &sofar, Mode::from_bits_truncate(0o755)) {
-                Ok(()) => {
-                    let fd = open_at(&self.root, &sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, 0)?;
-                    nix::unistd::fchown(&fd, Some(uid.into()), Some(uid.into()))
-                        .map_err(|e| Error::Io(display(&sofar), e.into()))?;
+            dir = open_dir(&dir, &cname(part, rel)?, &sofar)?;
+        }
+        Ok(dir)
+    }
+
+    /// The directory `rel`, made as needed (owned by the session's user), as an fd.
+    fn mkdirs_at(&self, rel: &Path) -> Result<OwnedFd, Error> {
+        let mut dir = self.root.try_clone().map_err(|e| Error::Io(display(rel), e))?;
+        let mut sofar = PathBuf::new();
+        for part in parts(rel)? {
+            sofar.push(part);
+            let name = cname(part, rel)?;
+            dir = match open_dir(&dir, &name, &sofar) {
+                Err(Error::NotFound(_)) => {
+                    match nix::sys::stat::mkdirat(&dir, name.as_c_str(), Mode::from_bits_truncate(0o755)) {
+                        Ok(()) | Err(nix::Error::EEXIST) => {}
+                        Err(e) => return Err(at(&sofar, true)(e)),
+                    }
+                    let made = open_dir(&dir, &name, &sofar)?;
+                    self.own(&made, &sofar)?;
+                    made
                 }
-                Err(nix::Error::EEXIST) => {
-                    // Must be a real directory, reached without links.
-                    open_at(&self.root, &sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, 0)?;
-                }
-                Err(e) => return Err(Error::Io(display(&sofar), e.into())),
-            }
+                other => other?,
+            };
+        }
+        Ok(dir)
+    }
+
+    /// Give `fd` to the session's user, unless it already has it (it does when
+    /// this thread acted as that user).
+    fn own(&self, fd: &impl AsFd, rel: &Path) -> Result<(), Error> {
+        let st = nix::sys::stat::fstat(fd).map_err(at(rel, false))?;
+        if st.st_uid != self.uid || st.st_gid != self.uid {
+            nix::unistd::fchown(fd, Some(self.uid.into()), Some(self.uid.into())).map_err(at(rel, false))?;
         }
         Ok(())
     }
 
-    /// Delete a file (never a directory, never through a link).
-    pub fn remove(&self, rel: &Path) -> Result<(), Error> {
-        let parent = rel.parent().filter(|p| !p.as_os_str().is_empty());
-        let name = rel.file_name().ok_or_else(|| Error::InvalidPath(display(rel)))?;
-        let dir = match parent {
-            Some(p) => open_at(&self.root, p, OFlag::O_DIRECTORY | OFlag::O_RDONLY, 0)?,
-            None => self.root.try_clone().map_err(|e| Error::Io(display(rel), e))?,
-        };
-        let st =
-            nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| match e {
-                nix::Error::ENOENT => Error::NotFound(display(rel)),
-                other => Error::Io(display(rel), other.into()),
-            })?;
-        if (st.st_mode & libc::S_IFMT) == libc::S_IFDIR {
-            return Err(Error::InvalidPath(format!("{} is a directory; delete the files in it", display(rel))));
+    /// The parent's fd and the last component's name of `rel`.
+    fn split(rel: &Path) -> Result<(&Path, CString), Error> {
+        let name = rel.file_name().ok_or_else(|| Error::InvalidPath(format!("{} has no file name", display(rel))))?;
+        Ok((rel.parent().unwrap_or(Path::new("")), cname(name, rel)?))
+    }
+
+    /// Open a regular file for reading; refuses links, directories, devices,
+    /// FIFOs, sockets and multiply-linked files, in any component.
+    pub fn open_read(&self, rel: &Path) -> Result<(File, Stat), Error> {
+        let _as = Identity::assume(self.uid)?;
+        let (parent, name) = Self::split(rel)?;
+        let dir = self.dir_at(parent)?;
+        let (file, st) = open_file(&dir, &name, rel, OFlag::O_RDONLY, 0)?;
+        if st.st_nlink > 1 {
+            return Err(Error::NotRegular(display(rel)));
         }
-        nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
-            .map_err(|e| Error::Io(display(rel), e.into()))
+        Ok((file, Stat::of(&st)))
+    }
+
+    /// Create (or, with `overwrite`, replace) a regular file owned by the
+    /// session's user, making parent directories as needed.
+    pub fn create(&self, rel: &Path, overwrite: bool) -> Result<File, Error> {
+        let _as = Identity::assume(self.uid)?;
+        let (parent, name) = Self::split(rel)?;
+        let dir = self.mkdirs_at(parent)?;
+        let mut flags = OFlag::O_WRONLY | OFlag::O_CREAT;
+        if !overwrite {
+            flags |= OFlag::O_EXCL;
+        }
+        // Truncated only once it is known to be this workspace's own regular file.
+        let (file, st) = open_file(&dir, &name, rel, flags, 0o644)?;
+        if st.st_nlink > 1 {
+            return Err(Error::NotRegular(display(rel)));
+        }
+        self.own(&file, rel)?;
+        file.set_len(0).map_err(|e| Error::Io(display(rel), e))?;
+        Ok(file)
+    }
+
+    /// Delete a file or link (never a directory), naming it in its parent's fd.
+    pub fn remove(&self, rel: &Path) -> Result<(), Error> {
+        let _as = Identity::assume(self.uid)?;
+        let (parent, name) = Self::split(rel)?;
+        let dir = self.dir_at(parent)?;
+        let st =
+            nix::sys::stat::fstatat(&dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(at(rel, false))?;
+        let is_dir =
+            |rel: &Path| Error::InvalidPath(format!("{} is a directory; delete the files in it", display(rel)));
+        if is(&st, libc::S_IFDIR) {
+            return Err(is_dir(rel));
+        }
+        nix::unistd::unlinkat(&dir, name.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir).map_err(|e| match e {
+            nix::Error::EISDIR => is_dir(rel),
+            e => at(rel, false)(e),
+        })
+    }
+
+    /// Call `visit` for every regular file below the root, never following a
+    /// link and never descending into anything but a directory opened by fd;
+    /// at most [`MAX_WALK`] entries, [`MAX_DEPTH`] levels.
+    pub fn walk(&self, mut visit: impl FnMut(&Found)) -> Result<Walked, Error> {
+        let _as = Identity::assume(self.uid)?;
+        let root = self.root.try_clone().map_err(|e| Error::Io(".".into(), e))?;
+        let mut state = WalkState { seen: 0, partial: false };
+        walk_dir(root, &mut PathBuf::new(), 0, &mut state, &mut visit);
+        Ok(Walked { partial: state.partial })
+    }
+
+    /// Every regular file below the root with what fstatat said, sorted by path.
+    pub fn files(&self) -> Result<(Vec<(PathBuf, Stat)>, Walked), Error> {
+        let mut out = vec![];
+        let walked = self.walk(|f| out.push((f.path.to_path_buf(), f.stat)))?;
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok((out, walked))
+    }
+}
+
+struct WalkState {
+    seen: usize,
+    partial: bool,
+}
+
+fn walk_dir(fd: OwnedFd, rel: &mut PathBuf, depth: usize, state: &mut WalkState, visit: &mut dyn FnMut(&Found)) {
+    let Ok(mut dir) = Dir::from_fd(fd) else { return };
+    // Names first (bounded by MAX_WALK in all), so that this level holds one fd
+    // while its subdirectories are walked.
+    let mut names: Vec<CString> = vec![];
+    for entry in dir.iter() {
+        let Ok(entry) = entry else { break };
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        state.seen += 1;
+        if state.seen > MAX_WALK {
+            state.partial = true;
+            break;
+        }
+        names.push(name.to_owned());
+    }
+    for name in names {
+        rel.push(OsStr::from_bytes(name.to_bytes()));
+        match nix::sys::stat::fstatat(&dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if is(&st, libc::S_IFREG) => {
+                visit(&Found { dir: dir.as_fd(), name: &name, path: rel, stat: Stat::of(&st) });
+            }
+            Ok(st) if is(&st, libc::S_IFDIR) => {
+                if depth + 1 >= MAX_DEPTH {
+                    state.partial = true;
+                } else if let Ok(sub) = open_dir(&dir, &name, rel) {
+                    // Swapped for a link meanwhile: openat2 refuses it, skipped.
+                    walk_dir(sub, rel, depth + 1, state, visit);
+                }
+            }
+            // Links, FIFOs, sockets, devices, or gone: never listed.
+            _ => {}
+        }
+        rel.pop();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn me() -> u32 {
+        nix::unistd::getuid().as_raw()
+    }
+
+    fn listed(ws: &Workspace) -> Vec<String> {
+        ws.files().unwrap().0.into_iter().map(|(p, _)| p.to_string_lossy().into_owned()).collect()
+    }
 
     #[test]
     fn accepts_plain_relative_paths() {
@@ -195,28 +540,128 @@ mod tests {
     fn never_follows_symlinks_or_hardlinks() {
         let dir = tempfile::tempdir().unwrap();
         let outside = tempfile::NamedTempFile::new().unwrap();
-        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap();
-        std::os::unix::fs::symlink("/etc", dir.path().join("dirlink")).unwrap();
+        symlink(outside.path(), dir.path().join("link")).unwrap();
+        symlink("/etc", dir.path().join("dirlink")).unwrap();
         std::fs::write(dir.path().join("real"), b"x").unwrap();
         std::fs::hard_link(dir.path().join("real"), dir.path().join("hard")).unwrap();
-        let ws = Workspace::open(dir.path()).unwrap();
-        assert!(matches!(ws.open_read(Path::new("link")), Err(Error::NotRegular(_))));
-        assert!(ws.open_read(Path::new("dirlink/passwd")).is_err());
+        let ws = Workspace::open(dir.path(), me()).unwrap();
+        assert!(matches!(ws.open_read(Path::new("link")), Err(Error::Link(_))));
+        assert!(matches!(ws.open_read(Path::new("dirlink/passwd")), Err(Error::Link(_))));
         assert!(matches!(ws.open_read(Path::new("hard")), Err(Error::NotRegular(_))));
-        assert!(ws.create(Path::new("link"), true, 0).is_err());
-        assert!(ws.create(Path::new("dirlink/x"), true, 0).is_err());
+        assert!(ws.create(Path::new("link"), true).is_err());
+        assert!(matches!(ws.create(Path::new("dirlink/x"), true), Err(Error::Link(_))));
         assert!(matches!(ws.open_read(Path::new("missing")), Err(Error::NotFound(_))));
+        // Overwriting a hard-linked file is refused before anything is truncated.
+        assert!(matches!(ws.create(Path::new("hard"), true), Err(Error::NotRegular(_))));
+        assert_eq!(std::fs::read(dir.path().join("real")).unwrap(), b"x");
     }
 
     #[test]
     fn create_refuses_to_clobber_without_overwrite() {
         let dir = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(dir.path()).unwrap();
-        let uid = nix::unistd::getuid().as_raw();
-        ws.create(Path::new("d/e/f.txt"), false, uid).unwrap();
-        assert!(matches!(ws.create(Path::new("d/e/f.txt"), false, uid), Err(Error::Exists(_))));
-        ws.create(Path::new("d/e/f.txt"), true, uid).unwrap();
+        let ws = Workspace::open(dir.path(), me()).unwrap();
+        ws.create(Path::new("d/e/f.txt"), false).unwrap();
+        assert!(matches!(ws.create(Path::new("d/e/f.txt"), false), Err(Error::Exists(_))));
+        ws.create(Path::new("d/e/f.txt"), true).unwrap();
         ws.remove(Path::new("d/e/f.txt")).unwrap();
         assert!(matches!(ws.remove(Path::new("d/e/f.txt")), Err(Error::NotFound(_))));
+        assert!(matches!(ws.remove(Path::new("d/e")), Err(Error::InvalidPath(_))));
+    }
+
+    #[test]
+    fn mkdirs_refuses_a_symlinked_component_and_writes_nothing_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        symlink(outside.path(), dir.path().join("real/a")).unwrap();
+        symlink(outside.path(), dir.path().join("top")).unwrap();
+        std::fs::write(dir.path().join("file"), b"x").unwrap();
+        let ws = Workspace::open(dir.path(), me()).unwrap();
+        assert!(matches!(ws.create(Path::new("top/new/x.txt"), false), Err(Error::Link(p)) if p == "top"));
+        assert!(matches!(ws.create(Path::new("real/a/x.txt"), false), Err(Error::Link(p)) if p == "real/a"));
+        assert!(matches!(ws.create(Path::new("file/x.txt"), false), Err(Error::NotDir(p)) if p == "file"));
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing made outside");
+        ws.create(Path::new("real/b/c/x.txt"), false).unwrap();
+        assert!(dir.path().join("real/b/c/x.txt").is_file());
+    }
+
+    #[test]
+    fn walk_lists_regular_files_only_and_never_follows_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("host-secret"), b"s").unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
+        std::fs::write(root.join("sub/deeper/a.csv"), b"1").unwrap();
+        std::fs::write(root.join("top.txt"), b"2").unwrap();
+        symlink(outside.path(), root.join("sub/dirlink")).unwrap();
+        symlink(outside.path().join("host-secret"), root.join("filelink")).unwrap();
+        nix::unistd::mkfifo(&root.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+        let ws = Workspace::open(root, me()).unwrap();
+        assert_eq!(listed(&ws), vec!["sub/deeper/a.csv", "top.txt"]);
+    }
+
+    #[test]
+    fn never_hashes_or_blocks_on_a_fifo_swapped_in_after_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("f"), b"abc").unwrap();
+        let ws = Workspace::open(root, me()).unwrap();
+        let mut hashes = vec![];
+        ws.walk(|found| {
+            // The name becomes a FIFO between the listing and the open.
+            std::fs::remove_file(root.join("f")).unwrap();
+            nix::unistd::mkfifo(&root.join("f"), Mode::from_bits_truncate(0o600)).unwrap();
+            let mut budget = MAX_HASH_TOTAL;
+            hashes.push(found.sha256(&mut budget));
+        })
+        .unwrap();
+        assert_eq!(hashes, vec![None]);
+        // And a symlink to a FIFO outside is never opened either.
+        let outside = tempfile::tempdir().unwrap();
+        nix::unistd::mkfifo(&outside.path().join("p"), Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::remove_file(root.join("f")).unwrap();
+        std::fs::write(root.join("f"), b"abc").unwrap();
+        let mut hashes = vec![];
+        ws.walk(|found| {
+            std::fs::remove_file(root.join("f")).unwrap();
+            symlink(outside.path().join("p"), root.join("f")).unwrap();
+            let mut budget = MAX_HASH_TOTAL;
+            hashes.push(found.sha256(&mut budget));
+        })
+        .unwrap();
+        assert_eq!(hashes, vec![None]);
+    }
+
+    #[test]
+    fn hashing_is_bounded_in_total() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..4 {
+            std::fs::write(dir.path().join(format!("f{i}")), vec![b'x'; 1000]).unwrap();
+        }
+        let ws = Workspace::open(dir.path(), me()).unwrap();
+        let mut budget = 2500u64;
+        let mut hashed = 0;
+        ws.walk(|f| hashed += usize::from(f.sha256(&mut budget).is_some())).unwrap();
+        assert_eq!(hashed, 2, "two files of 1000 bytes fit in 2500");
+        assert_eq!(budget, 500);
+    }
+
+    #[test]
+    fn walks_are_bounded_in_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut deep = dir.path().to_path_buf();
+        for _ in 0..MAX_DEPTH + 5 {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("deep.txt"), b"x").unwrap();
+        std::fs::write(dir.path().join("shallow.txt"), b"x").unwrap();
+        let ws = Workspace::open(dir.path(), me()).unwrap();
+        let (files, walked) = ws.files().unwrap();
+        assert!(walked.partial);
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].0, PathBuf::from("shallow.txt"));
     }
 }

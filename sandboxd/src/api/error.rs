@@ -13,6 +13,8 @@ pub enum Code {
     InvalidPath,
     PolicyNotFound,
     Unauthorized,
+    /// A `Host` the daemon does not serve, or a foreign `Origin` (a browser page).
+    Forbidden,
     SessionNotFound,
     NotFound,
     FileExists,
@@ -21,7 +23,13 @@ pub enum Code {
     CodeTooLarge,
     UploadTooLarge,
     ArtifactTooLarge,
+    /// A JSON route's body without `Content-Type: application/json`.
+    UnsupportedMediaType,
+    /// A request body that did not arrive in time.
+    RequestTimeout,
     MaxSessions,
+    /// The caller's token already has its most runs going at once.
+    MaxRuns,
     Unavailable,
     Internal,
 }
@@ -32,10 +40,13 @@ impl Code {
         match self {
             InvalidRequest | InvalidSessionId | InvalidPath | PolicyNotFound => StatusCode::BAD_REQUEST,
             Unauthorized => StatusCode::UNAUTHORIZED,
+            Forbidden => StatusCode::FORBIDDEN,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             SessionNotFound | NotFound => StatusCode::NOT_FOUND,
             FileExists | SessionExists | SessionBusy => StatusCode::CONFLICT,
             CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            MaxSessions => StatusCode::TOO_MANY_REQUESTS,
+            MaxSessions | MaxRuns => StatusCode::TOO_MANY_REQUESTS,
             Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -49,6 +60,9 @@ impl Code {
             InvalidPath => "invalid_path",
             PolicyNotFound => "policy_not_found",
             Unauthorized => "unauthorized",
+            Forbidden => "forbidden",
+            UnsupportedMediaType => "unsupported_media_type",
+            RequestTimeout => "request_timeout",
             SessionNotFound => "session_not_found",
             NotFound => "not_found",
             FileExists => "file_exists",
@@ -58,6 +72,7 @@ impl Code {
             UploadTooLarge => "upload_too_large",
             ArtifactTooLarge => "artifact_too_large",
             MaxSessions => "max_sessions",
+            MaxRuns => "max_runs",
             Unavailable => "unavailable",
             Internal => "internal",
         }

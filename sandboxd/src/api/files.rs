@@ -38,7 +38,10 @@ impl From<workspace::Error> for ApiError {
                 format!("no file {p:?} in this session: list them with GET /v1/sessions/ID/files"),
             ),
             e @ workspace::Error::Exists(_) => ApiError::new(Code::FileExists, e.to_string()),
-            e @ workspace::Error::NotRegular(_) => ApiError::new(Code::InvalidPath, e.to_string()),
+            e @ (workspace::Error::NotRegular(_)
+            | workspace::Error::Link(_)
+            | workspace::Error::NotDir(_)
+            | workspace::Error::Denied(_)) => ApiError::new(Code::InvalidPath, e.to_string()),
             workspace::Error::Io(p, e)
                 if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) =>
             {
@@ -71,7 +74,7 @@ fn open_workspace(
     id: &str,
 ) -> Result<(Workspace, crate::session::SessionInfo), ApiError> {
     let info = state.sessions.get(id, caller.owner.as_deref())?;
-    let ws = Workspace::open(&state.sessions.workspace(id))?;
+    let ws = Workspace::open(&state.sessions.workspace_of(id, caller.owner.as_deref())?, info.uid)?;
     Ok((ws, info))
 }
 
@@ -82,20 +85,20 @@ pub async fn list(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<FileEntry>>, ApiError> {
-    state.sessions.get(&id, caller.owner.as_deref())?;
-    let root = state.sessions.workspace(&id);
-    let files = tokio::task::spawn_blocking(move || artifacts::walk(&root))
+    let info = state.sessions.get(&id, caller.owner.as_deref())?;
+    let root = state.sessions.workspace_of(&id, caller.owner.as_deref())?;
+    let (files, _) = tokio::task::spawn_blocking(move || Workspace::open(&root, info.uid)?.files())
         .await
-        .map_err(|e| ApiError::internal("listing files", e))?;
+        .map_err(|e| ApiError::internal("listing files", e))??;
     let base = &state.ctx.public_url;
     Ok(Json(
         files
             .into_iter()
-            .map(|(path, meta)| FileEntry {
+            .map(|(path, stat)| FileEntry {
                 url: format!("{base}/v1/sessions/{id}/files/{}", artifacts::url_path(&path)),
                 mime_type: artifacts::mime_type(&path),
-                size_bytes: meta.len(),
-                modified_at: crate::session::rfc3339(meta.modified().unwrap_or(std::time::UNIX_EPOCH)),
+                size_bytes: stat.size,
+                modified_at: crate::session::rfc3339(stat.modified()),
                 path: path.to_string_lossy().into_owned(),
             })
             .collect(),
@@ -118,7 +121,7 @@ pub async fn download(
     Ok((
         [
             (header::CONTENT_TYPE, artifacts::mime_type(&rel)),
-            (header::CONTENT_LENGTH, meta.len().to_string()),
+            (header::CONTENT_LENGTH, meta.size.to_string()),
             (header::CONTENT_DISPOSITION, format!("inline; filename=\"{name}\"")),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
         ],
@@ -150,14 +153,23 @@ pub async fn upload(
     };
     let (ws, info) = open_workspace(&state, &caller, &id)?;
     let limit = state.sessions.policy(Some(&info.policy))?.upload_bytes();
-    let file = ws.create(&rel, overwrite, info.uid)?;
+    let file = match ws.create(&rel, overwrite) {
+        Ok(file) => file,
+        Err(e) => {
+            // Answer the refusal to a client still sending, not a reset connection.
+            drain(body.into_data_stream()).await;
+            return Err(e.into());
+        }
+    };
     let mut writer = std::io::BufWriter::with_capacity(256 * 1024, file);
     let mut written: u64 = 0;
     let mut stream = body.into_data_stream();
     let result: Result<(), ApiError> = async {
         while let Some(chunk) = stream.next().await {
-            let chunk =
-                chunk.map_err(|e| ApiError::new(Code::InvalidRequest, format!("reading the upload failed: {e}")))?;
+            // A stalled upload is a 408 `request_timeout`; nothing of it is kept.
+            let chunk = chunk.map_err(|e| {
+                super::body_read_error(e, || ApiError::new(Code::UploadTooLarge, "the upload is too large"))
+            })?;
             written += chunk.len() as u64;
             if written > limit {
                 return Err(ApiError::new(

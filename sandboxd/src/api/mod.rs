@@ -1,6 +1,7 @@
 //! The v1 API: one router, served on the Unix socket and on loopback HTTP.
 //!
-//! A request's path: [`auth`] decides who the caller is, a handler in [`runs`],
+//! A request's path: [`surface::guard`] refuses foreign hosts and origins and
+//! non-JSON bodies and times the body, [`auth`] decides who the caller is, a handler in [`runs`],
 //! [`sessions`] or [`files`] checks the input, and [`crate::run::execute`] runs the
 //! code through [`crate::isolate`]. Every error is an [`error::ApiError`].
 
@@ -9,6 +10,7 @@ pub mod files;
 pub mod openapi;
 pub mod runs;
 pub mod sessions;
+pub mod surface;
 
 use crate::run::Context;
 use crate::session::Manager;
@@ -60,15 +62,13 @@ pub fn token_hash(token: &str) -> String {
 }
 
 /// MCP over streamable HTTP, with the daemon's API behind it.
-fn mcp_service(state: &Shared, loopback: bool) -> axum::routing::MethodRouter<Shared> {
+fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::MethodRouter<Shared> {
     use rmcp::transport::streamable_http_server::{session::local::LocalSessionManager, StreamableHttpService};
     let target = crate::mcp::Target { socket: state.socket.clone(), url: None, token: None };
     let mut config = rmcp::transport::StreamableHttpServerConfig::default();
     config.cancellation_token = state.shutdown.child_token();
-    if !loopback {
-        // Bound beyond loopback (tokens are then required): any Host may reach us.
-        config = config.disable_allowed_hosts();
-    }
+    // The surface guard checked Host and Origin already; rmcp checks the names again.
+    config = config.with_allowed_hosts(surface.host_names());
     let service = StreamableHttpService::new(
         move || Ok(crate::mcp::SandboxMcp::new(target.clone())),
         LocalSessionManager::default().into(),
@@ -77,12 +77,14 @@ fn mcp_service(state: &Shared, loopback: bool) -> axum::routing::MethodRouter<Sh
     axum::routing::any_service(service)
 }
 
-/// The router for one listener. MCP (`/mcp`) is served on HTTP only; stdio
-/// clients use `sandboxctl mcp`, which talks to the socket.
-pub fn router(state: Shared, listener: Listener, loopback: bool) -> Router {
+/// The router for one listener (the surface says which, and what it accepts).
+/// MCP (`/mcp`) is served on HTTP only; stdio clients use `sandboxctl mcp`, which
+/// talks to the socket.
+pub fn router(state: Shared, surface: surface::Surface) -> Router {
+    let listener = surface.listener();
     let mut api = Router::new();
     if listener == Listener::Http {
-        api = api.route("/mcp", mcp_service(&state, loopback));
+        api = api.route("/mcp", mcp_service(&state, &surface));
     }
     let api = api
         .route("/v1/runs", post(runs::create_run))
@@ -101,6 +103,7 @@ pub fn router(state: Shared, listener: Listener, loopback: bool) -> Router {
         .merge(api)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(Arc::new(surface), surface::guard))
         .with_state(state)
 }
 
@@ -167,14 +170,35 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     limit: usize,
     too_large: Code,
 ) -> Result<T, ApiError> {
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            too_large,
-            format!("request body is larger than {limit} bytes: send less code, or upload data as a file"),
-        )
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        body_read_error(e, || {
+            ApiError::new(
+                too_large,
+                format!("request body is larger than {limit} bytes: send less code, or upload data as a file"),
+            )
+        })
     })?;
     if bytes.is_empty() {
         return Err(ApiError::new(Code::InvalidRequest, "request body is empty: send a JSON object"));
     }
     serde_json::from_slice(&bytes).map_err(|e| ApiError::new(Code::InvalidRequest, format!("invalid JSON body: {e}")))
+}
+
+/// The error for a request body that could not be read: `request_timeout` when it
+/// stalled or came too slowly ([`surface::BodyTimeout`]), `too_large()` when it
+/// passed a length limit, else `invalid_request`. Upload handlers can map their
+/// body stream's errors with it too.
+pub fn body_read_error(err: axum::Error, too_large: impl FnOnce() -> ApiError) -> ApiError {
+    let inner = err.into_inner();
+    if surface::is_body_timeout(&*inner) {
+        return ApiError::new(Code::RequestTimeout, inner.to_string());
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&*inner);
+    while let Some(e) = cur {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return too_large();
+        }
+        cur = e.source();
+    }
+    ApiError::new(Code::InvalidRequest, format!("reading the request body failed: {inner}; send it again"))
 }

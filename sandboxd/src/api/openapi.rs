@@ -6,7 +6,10 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "sandboxd", description = "Run untrusted Python in native Linux sandboxes"),
+    info(
+        title = "sandboxd",
+        description = "Run untrusted Python in native Linux sandboxes. Every POST takes a JSON body sent with `Content-Type: application/json` (else 415 `unsupported_media_type`). Over HTTP, a `Host` the daemon does not serve or a foreign `Origin` is refused with 403 `forbidden`. A body that stalls, or a JSON body slower than `body_timeout_s`, gets 408 `request_timeout`. With tokens, each token has its own session id space and quotas (429 `max_sessions`, `max_runs`)."
+    ),
     paths(
         super::health,
         super::runs::create_run,

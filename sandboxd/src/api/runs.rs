@@ -37,9 +37,18 @@ pub async fn create_run(
         }
         None => {
             run::validate(&req, &*state.sessions.policy(req.policy.as_deref())?)?;
+            // Refuse before a session is made for a run the token may not start.
+            state.sessions.check_run_quota(caller.owner.as_deref())?;
             let info =
                 state.sessions.create(None, req.policy.as_deref(), Mode::Script, None, caller.owner.as_deref()).await?;
-            state.sessions.lease(&info.id, caller.owner.as_deref())?
+            match state.sessions.lease(&info.id, caller.owner.as_deref()) {
+                Ok(lease) => lease,
+                Err(e) => {
+                    // Another run of the token's took the last place meanwhile.
+                    let _ = state.sessions.close(&info.id, caller.owner.as_deref()).await;
+                    return Err(e);
+                }
+            }
         }
     };
     start(state, lease, req, &headers).await

@@ -30,9 +30,9 @@ pub async fn create(
     Extension(caller): Extension<Caller>,
     body: axum::body::Body,
 ) -> Result<(StatusCode, Json<SessionInfo>), ApiError> {
-    let bytes = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .map_err(|_| ApiError::new(Code::InvalidRequest, "request body is larger than 64 KiB"))?;
+    let bytes = axum::body::to_bytes(body, 64 * 1024).await.map_err(|e| {
+        super::body_read_error(e, || ApiError::new(Code::InvalidRequest, "request body is larger than 64 KiB"))
+    })?;
     // An empty body is fine here: every field is optional.
     let req: CreateSession = if bytes.iter().all(u8::is_ascii_whitespace) {
         CreateSession::default()

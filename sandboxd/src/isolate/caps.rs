@@ -45,11 +45,18 @@ pub fn drop_all() -> Result<(), Error> {
         .map_err(|e| Error::Sys("setresuid", e))?;
     // The host uid we came from is not mapped in the namespace, so setresuid did not
     // clear the sets by itself: clear them explicitly (lowering needs no capability).
+    clear_sets()?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| Error::Sys("PR_SET_NO_NEW_PRIVS", e))?;
+    Ok(())
+}
+
+/// Empty the inheritable, effective and permitted sets (lowering needs no
+/// capability).
+fn clear_sets() -> Result<(), Error> {
     let empty = CapsHashSet::new();
     for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
         caps::set(None, set, &empty).map_err(|e| Error::Caps("clearing a capability set", e))?;
     }
-    nix::sys::prctl::set_no_new_privs().map_err(|e| Error::Sys("PR_SET_NO_NEW_PRIVS", e))?;
     Ok(())
 }
 

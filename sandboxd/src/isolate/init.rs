@@ -77,7 +77,8 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
         workspace: spec.workspace.as_deref(),
         tmp_size_bytes: spec.tmp_size_bytes,
         shm_size_bytes: spec.shm_size_bytes,
-        control_dir: spec.control_dir.as_deref(),
+        // A template's forks each mount (and mask) a fresh /proc of their own.
+        mask_proc: !spec.template,
     });
     mounts::apply(&plan).map_err(Failure::at("mounts"))?;
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;
@@ -127,6 +128,12 @@ pub(super) fn lock_down_and_fork(
     // Every privilege goes, and the seccomp filter is installed, once, here: the
     // program inherits both (loading the filter costs the kernel most of a
     // millisecond, so it is not loaded twice).
+    caps::drop_all().map_err(Failure::at("drop privileges"))?;
+    // No host uid shows inside: the sandbox user maps to itself in a user namespace
+    // nested in the sandbox's. Entering it grants every capability of that
+    // namespace and resets the securebits and the bounding set, so all of it is
+    // dropped again (no-new-privs, a flag of the process, stays set).
+    namespaces::nest_user_namespace().map_err(Failure::at("nested user namespace"))?;
     caps::drop_all().map_err(Failure::at("drop privileges"))?;
     // Changing credentials cleared the parent-death signal: set it again. The pipe
     // from the parent covers the moments in between: it reads end-of-file as soon

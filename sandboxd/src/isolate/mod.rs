@@ -14,6 +14,7 @@
 
 pub mod caps;
 pub mod cgroup;
+pub mod channel;
 pub mod helper;
 pub mod init;
 pub mod landlock;
@@ -26,18 +27,27 @@ pub mod slot;
 pub mod spec;
 pub mod template;
 
+use channel::LineReader;
 use output::{Captured, Chunk, StreamKind};
 use spec::{Event, SandboxSpec};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use template::{ForkMessage, Report, RunClaim, TemplateMessage};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, watch};
 
 /// The hidden first argument that turns the `sandboxd` binary into the helper.
 pub const HELPER_ARG: &str = "__sandbox";
+/// Longest line read from a template's socket or a run's report channel.
+const TEMPLATE_LINE: usize = 64 * 1024;
+/// Longest line read from a pooled run's socket (its messages are a few bytes).
+const RUN_LINE: usize = 4 * 1024;
+/// Whether a pooled run's claim of its exit code ends the run (see [`RunClaim`]
+/// and [`crate::pool`]); otherwise the outer process's report alone does.
+const ACCEPT_CLAIMS: bool = true;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -186,6 +196,19 @@ impl Sandboxes {
         self: &Arc<Self>,
         run: Run,
         chunks: Option<mpsc::Sender<Chunk>>,
+        cancel: watch::Receiver<bool>,
+        started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+    ) -> Result<Outcome, Error> {
+        self.run_with_stdin(run, None, chunks, cancel, started_tx).await
+    }
+
+    /// [`Sandboxes::run`], the program's stdin being `stdin` when given (a kernel's
+    /// channel to the daemon) instead of `run.spec.stdin`.
+    pub async fn run_with_stdin(
+        self: &Arc<Self>,
+        run: Run,
+        stdin: Option<OwnedFd>,
+        chunks: Option<mpsc::Sender<Chunk>>,
         mut cancel: watch::Receiver<bool>,
         started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
     ) -> Result<Outcome, Error> {
@@ -195,8 +218,10 @@ impl Sandboxes {
         let oom_before = slot.cg.oom_kills();
         slot.cg.reset_peak();
         let result = match slot.cg.set_limits(&run.limits) {
-            Ok(()) => match launch(&slot, &run.spec, None).await {
+            Ok(()) => match launch(&slot, &run.spec, stdin.as_ref()).await {
                 Ok(mut sandbox) => {
+                    // Only the sandbox holds the program's end now.
+                    drop(stdin);
                     drive(&mut sandbox, &run.bounds(), chunks, &mut cancel, started, started_tx, None).await
                 }
                 Err(e) => Err(e),
@@ -255,7 +280,7 @@ impl Sandboxes {
                 sandboxes: self.clone(),
                 slot,
                 sandbox,
-                program,
+                program: LineReader::new(program, TEMPLATE_LINE),
                 python_pid: None,
                 prepared: None,
                 served: 0,
@@ -274,8 +299,8 @@ pub struct Template {
     sandboxes: Arc<Sandboxes>,
     slot: slot::Slot,
     sandbox: Launched,
-    /// The daemon's end of the template's stdin socket.
-    pub program: tokio::net::UnixStream,
+    /// The daemon's end of the template's stdin socket ([`TemplateMessage`]s).
+    program: LineReader<tokio::net::UnixStream>,
     /// Host pid of the template's interpreter, once looked up.
     python_pid: Option<i32>,
     /// The fork made ahead of the next run ([`Template::prepare`]).
@@ -285,14 +310,18 @@ pub struct Template {
     served: u64,
 }
 
-/// Resolves to how a run ended when its processes report it themselves (None: the
-/// run's socket closed without a word).
-pub type Done = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Event>> + Send>>;
+/// Resolves to how a run ended when its processes report it themselves (None: its
+/// report ended without a word).
+type Done<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Event>> + Send + 'a>>;
 
-/// A template's fork, in its own namespaces, waiting for its code.
+/// A template's fork, in its own namespaces, waiting for its code: its socket has
+/// said [`ForkMessage::Entered`] and is quiet. No user code has run.
 pub struct Forked {
-    /// The daemon's end of the run's socket.
-    pub program: tokio::net::UnixStream,
+    /// The daemon's end of the run's socket, shared by the runner and (once it has
+    /// its code) the user's code.
+    program: LineReader<tokio::net::UnixStream>,
+    /// The run's report channel, held by its outer process alone ([`Report`]).
+    report: LineReader<tokio::net::unix::pipe::Receiver>,
     stdout: OwnedFd,
     stderr: OwnedFd,
     /// Host pids: the fork that stayed in the template's namespaces, and the
@@ -329,9 +358,73 @@ fn pidfd_kill(pidfd: &OwnedFd) {
 
 /// A fork requested, not yet known to be in its namespaces.
 struct PendingFork {
-    program: tokio::net::UnixStream,
+    program: LineReader<tokio::net::UnixStream>,
+    report: LineReader<tokio::net::unix::pipe::Receiver>,
     stdout: OwnedFd,
     stderr: OwnedFd,
+}
+
+/// A template's fork that was sent its code. From here on its socket is the user's
+/// too: it may carry the run's [`RunClaim`] and nothing else, and a failure is
+/// never accepted (the run cannot turn into a sandbox that failed to build).
+pub struct Running(Forked);
+
+impl Forked {
+    /// Send the run its code (`msg`, one JSON line): the fork becomes [`Running`].
+    pub async fn send_code<T: serde::Serialize>(mut self, msg: &T) -> Result<Running, Error> {
+        let mut line = serde_json::to_vec(msg).map_err(|e| Error::Control(e.into()))?;
+        line.push(b'\n');
+        self.program.get_mut().write_all(&line).await.map_err(Error::Control)?;
+        Ok(Running(self))
+    }
+
+    /// Still waiting for its code: nothing said, nothing closed.
+    fn quiet(&self) -> bool {
+        let mut byte = [0u8; 1];
+        let report_quiet =
+            matches!(self.report.get_ref().try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        self.program.is_idle() && quiet(self.program.get_ref()) && self.report.is_idle() && report_quiet
+    }
+}
+
+/// How a run that has its code ended: its outer process's [`Report`], or (with
+/// [`ACCEPT_CLAIMS`]) the run's own [`RunClaim`] of an exit code, whichever comes
+/// first. A claim can only say what the run could have chosen by exiting with that
+/// code; a signal, a failure, a timeout or an OOM kill come only from the report,
+/// the daemon's timer and the cgroup. Anything else on the run's socket is ignored
+/// and the daemon hangs up on it (the runner waits for either).
+async fn run_ended(
+    program: &mut LineReader<tokio::net::UnixStream>,
+    report: &mut LineReader<tokio::net::unix::pipe::Receiver>,
+    run_id: &str,
+) -> Event {
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            claim = program.next::<RunClaim>(), if listening => {
+                match claim {
+                    Ok(Some(RunClaim::ExitCode(code))) if ACCEPT_CLAIMS => return Event::Exited { code: i32::from(code) },
+                    Ok(Some(_)) | Ok(None) => {}
+                    Err(e) if e.is_violation() => {
+                        tracing::info!(run_id, error = %e, "a pooled run's socket broke the protocol; how it ended comes from its outer process");
+                    }
+                    Err(_) => {}
+                }
+                listening = false;
+                let _ = program.get_mut().shutdown().await;
+            }
+            ended = report.next::<Report>() => return match ended {
+                Ok(Some(Report::ExitCode(code))) => Event::Exited { code },
+                Ok(Some(Report::Signal(signal))) => Event::Signaled { signal },
+                Ok(Some(Report::Failed { step, .. })) => {
+                    tracing::warn!(run_id, step = %channel::excerpt(step.as_bytes()), "a pooled run's init failed after the run had its code; taken as killed");
+                    Event::InitKilled { signal: libc::SIGKILL }
+                }
+                // Its outer process is gone (killed with the template).
+                Ok(None) | Err(_) => Event::InitKilled { signal: libc::SIGKILL },
+            },
+        }
+    }
 }
 
 /// The host pids of `pid`'s children (its main thread's).
@@ -370,7 +463,18 @@ impl Template {
     /// The fork made ahead of this run, if it is still there.
     pub fn take_prepared(&mut self) -> Option<Forked> {
         let forked = self.prepared.take()?;
-        quiet(&forked.program).then_some(forked)
+        forked.quiet().then_some(forked)
+    }
+
+    /// Has the template kept quiet, its socket open? It waits for the daemon:
+    /// anything to read, or the end of the stream, means it died or misbehaved.
+    pub fn quiet(&self) -> bool {
+        self.program.is_idle() && quiet(self.program.get_ref())
+    }
+
+    /// The template's next message (`None`: its socket closed).
+    pub async fn next_message(&mut self) -> Result<Option<TemplateMessage>, channel::Error> {
+        self.program.next::<TemplateMessage>().await
     }
 
     /// Have the template fork for one run, sending it `request` (JSON) with the
@@ -394,29 +498,50 @@ impl Template {
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Control(e.into()));
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
+        let (report_r, report_w) = pipe()?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Control)?;
         ours.set_nonblocking(true).map_err(Error::Control)?;
         let mut line = serde_json::to_vec(request).map_err(|e| Error::Control(e.into()))?;
         line.push(b'\n');
-        let fds = [library.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd(), theirs.as_raw_fd()];
-        send_with_fds(&self.program, &line, &fds).await?;
+        let fds = [library.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd(), theirs.as_raw_fd(), report_w.as_raw_fd()];
+        send_with_fds(self.program.get_ref(), &line, &fds).await?;
         let program = tokio::net::UnixStream::from_std(ours).map_err(Error::Control)?;
-        Ok(PendingFork { program, stdout: out_r, stderr: err_r })
+        let report = tokio::net::unix::pipe::Receiver::from_owned_fd(report_r).map_err(Error::Control)?;
+        Ok(PendingFork {
+            program: LineReader::new(program, RUN_LINE),
+            report: LineReader::new(report, TEMPLATE_LINE),
+            stdout: out_r,
+            stderr: err_r,
+        })
     }
 
     /// Wait until the fork says it is in its own namespaces; find its host pids.
     async fn await_fork(&mut self, pending: PendingFork) -> Result<Forked, Error> {
-        let PendingFork { mut program, stdout, stderr } = pending;
-        let first = tokio::time::timeout(Duration::from_secs(10), read_message(&mut program)).await;
-        match first {
-            Ok(Some(msg)) if msg.get("entered").and_then(|v| v.as_bool()) == Some(true) => {}
-            Ok(Some(msg)) => {
-                let step = msg.pointer("/failed/step").and_then(|v| v.as_str()).unwrap_or("fork").to_string();
-                let error = msg.pointer("/failed/error").and_then(|v| v.as_str()).unwrap_or("no reason").to_string();
-                return Err(Error::Setup { step, error });
+        let PendingFork { mut program, mut report, stdout, stderr } = pending;
+        let fork_failed = |error: &str| Error::Setup { step: "fork".into(), error: error.into() };
+        // Why a fork ended before it entered: its report (it has written it by the
+        // time its socket closes).
+        let why = |ended: Result<Option<Report>, channel::Error>| match ended {
+            Ok(Some(Report::Failed { step, error })) => Error::Setup { step, error },
+            _ => fork_failed("the template's fork ended"),
+        };
+        let entered = async {
+            tokio::select! {
+                first = program.next::<ForkMessage>() => match first {
+                    Ok(Some(ForkMessage::Entered(true))) => Ok(()),
+                    Ok(None) => {
+                        let ended = tokio::time::timeout(Duration::from_secs(1), report.next::<Report>()).await;
+                        Err(ended.map(why).unwrap_or_else(|_| fork_failed("the template's fork ended")))
+                    }
+                    Ok(Some(_)) | Err(_) => Err(fork_failed("the template's fork broke the protocol")),
+                },
+                ended = report.next::<Report>() => Err(why(ended)),
             }
-            Ok(None) => return Err(Error::Setup { step: "fork".into(), error: "the template's fork ended".into() }),
-            Err(_) => return Err(Error::Setup { step: "fork".into(), error: "no fork within 10 s".into() }),
+        };
+        match tokio::time::timeout(Duration::from_secs(10), entered).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(fork_failed("no fork within 10 s")),
         }
         let python = self.python_pid()?;
         // The template's only fork still running: the others were reaped, or are
@@ -430,7 +555,7 @@ impl Template {
         // The run's process is waiting for its code, so its init (which waits for
         // it) is still the process behind `init_pid`.
         let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
-        Ok(Forked { program, stdout, stderr, outer_pid, init_pid, program_pid, init_pidfd })
+        Ok(Forked { program, report, stdout, stderr, outer_pid, init_pid, program_pid, init_pidfd })
     }
 
     /// Mount the session's workspace (owned by `owner` on the host) at `/mnt/data`
@@ -454,20 +579,19 @@ impl Template {
         }
     }
 
-    /// Supervise the run the fork was just sent, as [`Sandboxes::run`] does; `done`,
-    /// given the run's socket, resolves to how it ended. The run's processes are
-    /// all killed before this returns.
+    /// Supervise the run that was just sent its code, as [`Sandboxes::run`] does
+    /// ([`run_ended`] says how it ended). The run's processes are all killed before
+    /// this returns.
     pub async fn finish(
         &mut self,
-        forked: Forked,
+        running: Running,
         bounds: &Bounds,
         chunks: Option<mpsc::Sender<Chunk>>,
         mut cancel: watch::Receiver<bool>,
-        done: impl FnOnce(tokio::net::UnixStream) -> Done,
     ) -> Result<Outcome, Error> {
         let oom_before = self.slot.cg.oom_kills();
         self.served += 1;
-        let Forked { program, stdout, stderr, init_pid, init_pidfd, .. } = forked;
+        let Forked { mut program, mut report, stdout, stderr, init_pid, init_pidfd, .. } = running.0;
         let mut run = Launched {
             events: None,
             control: None,
@@ -478,11 +602,14 @@ impl Template {
             warnings: vec![],
         };
         let started = Instant::now();
-        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(done(program))).await;
+        let ended: Done<'_> = Box::pin(async { Some(run_ended(&mut program, &mut report, &bounds.id).await) });
+        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended)).await;
         // Tearing the fork down (three processes unmapping a copy of the template's
         // memory) waits behind the answer to the run.
         let _ = self.slot.cg.set_idle(true);
         pidfd_kill(&init_pidfd);
+        // The run's process may wait for its socket to close: only now.
+        drop((program, report));
         let (oom_killed, memory_peak_bytes) = usage(&self.slot, oom_before);
         let mut outcome = result?;
         outcome.oom_killed = oom_killed;
@@ -502,8 +629,8 @@ impl Template {
         library: &std::fs::File,
     ) -> Result<Template, Error> {
         let pending = self.request_fork(request, library).await;
-        let answered = tokio::time::timeout(Duration::from_secs(5), read_message(&mut self.program)).await;
-        let reaped = matches!(answered, Ok(Some(msg)) if msg.get("reaped").is_some());
+        let answered = tokio::time::timeout(Duration::from_secs(5), self.next_message()).await;
+        let reaped = matches!(answered, Ok(Ok(Some(TemplateMessage::Reaped(_)))));
         let forked = match pending {
             Ok(p) if reaped => self.await_fork(p).await,
             Ok(_) => Err(Error::Setup { step: "recycle".into(), error: "the template did not reap its fork".into() }),
@@ -553,7 +680,7 @@ impl Template {
 /// Has the process at the other end of `stream` kept quiet, the stream open? It
 /// waits for the daemon; anything to read, or the end of the stream, means it died
 /// or misbehaved.
-pub fn quiet(stream: &tokio::net::UnixStream) -> bool {
+fn quiet(stream: &tokio::net::UnixStream) -> bool {
     let mut byte = [0u8; 1];
     matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
@@ -575,18 +702,6 @@ async fn send_with_fds(stream: &tokio::net::UnixStream, bytes: &[u8], fds: &[std
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(Error::Control(e)),
         }
-    }
-}
-
-/// One JSON line from a program's socket. The runner writes nothing after a message
-/// until it gets an answer, so reading through a buffer loses nothing.
-pub async fn read_message(stream: &mut tokio::net::UnixStream) -> Option<serde_json::Value> {
-    use tokio::io::AsyncReadExt;
-    let mut line = String::new();
-    let mut reader = BufReader::new(stream.take(64 * 1024));
-    match reader.read_line(&mut line).await {
-        Ok(n) if n > 0 => serde_json::from_str(&line).ok(),
-        _ => None,
     }
 }
 
@@ -702,7 +817,7 @@ async fn drive(
     cancel: &mut watch::Receiver<bool>,
     started: Instant,
     mut started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
-    done: Option<Done>,
+    done: Option<Done<'_>>,
 ) -> Result<Outcome, Error> {
     let receiver = |fd: Option<OwnedFd>| fd.and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok());
     let (out, err) = (receiver(sandbox.stdout.take()), receiver(sandbox.stderr.take()));
@@ -711,7 +826,7 @@ async fn drive(
         tokio::spawn(output::capture(err, StreamKind::Stderr, run.output_limit, chunks)),
     ];
     let mut done_open = done.is_some();
-    let mut done: Done = done.unwrap_or_else(|| Box::pin(std::future::pending()));
+    let mut done: Done<'_> = done.unwrap_or_else(|| Box::pin(std::future::pending()));
 
     let deadline = tokio::time::sleep(run.timeout);
     tokio::pin!(deadline);

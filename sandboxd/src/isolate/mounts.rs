@@ -1,6 +1,7 @@
 //! The sandbox's filesystem: the rootfs read-only as `/`, the workspace read-write
 //! at `/mnt/data`, private tmpfs `/tmp` and `/dev/shm`, a minimal `/dev`, a fresh
-//! `/proc`, then `pivot_root` so nothing of the host stays reachable.
+//! `/proc` with what container runtimes mask in it ([`proc_masks`]), then
+//! `pivot_root` so nothing of the host stays reachable.
 //!
 //! [`plan`] is pure (unit-tested); [`apply`] performs the plan in the sandbox's own
 //! mount namespace. A pooled sandbox is built without its workspace, which
@@ -58,6 +59,18 @@ pub enum MountOp {
     Proc {
         dst: PathBuf,
     },
+    /// Bind `/dev/null` over the file at `path`, if there is one.
+    MaskFile {
+        path: PathBuf,
+    },
+    /// Mount an empty read-only tmpfs over the directory at `path`, if there is one.
+    MaskDir {
+        path: PathBuf,
+    },
+    /// Bind `path`, if it exists, onto itself read-only (nosuid, nodev).
+    ReadOnly {
+        path: PathBuf,
+    },
     /// Make `new_root` the root and detach the old one.
     PivotRoot {
         new_root: PathBuf,
@@ -72,8 +85,42 @@ pub struct Layout<'a> {
     pub workspace: Option<&'a Path>,
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
-    /// Bound read-only at `/run` when given.
-    pub control_dir: Option<&'a Path>,
+    /// Mask `/proc` ([`proc_masks`]). Not for a pooled template: its forks mount a
+    /// fresh `/proc` of their own, which the kernel allows only while some `/proc`
+    /// in their mount namespace is fully visible; each fork masks its own.
+    pub mask_proc: bool,
+}
+
+/// Files of `/proc` that tell about the host (its kernel command line, memory,
+/// symbols, keys, timers, interrupts): `/dev/null` is bound over each that exists.
+pub const PROC_MASKED_FILES: [&str; 15] = [
+    "cmdline",
+    "config.gz",
+    "interrupts",
+    "kallsyms",
+    "kcore",
+    "key-users",
+    "keys",
+    "kpagecgroup",
+    "kpagecount",
+    "kpageflags",
+    "latency_stats",
+    "sched_debug",
+    "timer_list",
+    "timer_stats",
+    "vmallocinfo",
+];
+/// Directories of `/proc` about the host's hardware: an empty read-only tmpfs each.
+pub const PROC_MASKED_DIRS: [&str; 4] = ["acpi", "asound", "driver", "scsi"];
+/// What stays readable in `/proc` but never writable, whatever the user namespace.
+pub const PROC_READ_ONLY: [&str; 5] = ["bus", "fs", "irq", "sys", "sysrq-trigger"];
+
+/// What is masked in the procfs mounted at `proc` (as container runtimes do).
+pub fn proc_masks(proc: &Path) -> Vec<MountOp> {
+    let files = PROC_MASKED_FILES.iter().map(|f| MountOp::MaskFile { path: proc.join(f) });
+    let dirs = PROC_MASKED_DIRS.iter().map(|d| MountOp::MaskDir { path: proc.join(d) });
+    let read_only = PROC_READ_ONLY.iter().map(|p| MountOp::ReadOnly { path: proc.join(p) });
+    files.chain(dirs).chain(read_only).collect()
 }
 
 /// The mount operations, in order.
@@ -108,11 +155,10 @@ pub fn plan(l: &Layout) -> Vec<MountOp> {
         ops.push(Symlink { target, link: dev.join(name) });
     }
     ops.push(RemountReadOnly { path: dev });
-    if let Some(dir) = l.control_dir {
-        ops.push(Bind { src: dir.into(), dst: root.join("run"), file: false });
-        ops.push(RemountReadOnly { path: root.join("run") });
-    }
     ops.push(Proc { dst: root.join("proc") });
+    if l.mask_proc {
+        ops.extend(proc_masks(&root.join("proc")));
+    }
     ops.push(PivotRoot { new_root: root.into() });
     ops
 }
@@ -235,6 +281,26 @@ pub fn apply(ops: &[MountOp]) -> Result<(), Error> {
                 let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
                 mount(Some("proc"), dst.as_path(), Some("proc"), flags, none).map_err(err("mount proc", dst))?;
             }
+            MountOp::MaskFile { path } => {
+                if exists(path)? {
+                    mount(Some("/dev/null"), path.as_path(), none, MsFlags::MS_BIND, none)
+                        .map_err(err("mask", path))?;
+                }
+            }
+            MountOp::MaskDir { path } => {
+                if exists(path)? {
+                    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+                    mount(Some("tmpfs"), path.as_path(), Some("tmpfs"), flags, Some("size=4k,mode=555"))
+                        .map_err(err("mask", path))?;
+                }
+            }
+            MountOp::ReadOnly { path } => {
+                if exists(path)? {
+                    mount(Some(path.as_path()), path.as_path(), none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
+                        .map_err(err("bind", path))?;
+                    remount(path, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+                }
+            }
             MountOp::PivotRoot { new_root } => {
                 chdir(new_root.as_path()).map_err(err("chdir", new_root))?;
                 // pivot_root(".", ".") stacks the old root under the new one; detaching
@@ -270,6 +336,15 @@ fn remount(path: &Path, add: MsFlags) -> Result<(), Error> {
     mount(none, path, none, flags, none).map_err(err("remount", path))
 }
 
+/// Does `path` exist (without following a last symlink)? Other errors are errors.
+fn exists(path: &Path) -> Result<bool, Error> {
+    match nix::sys::stat::lstat(path) {
+        Ok(_) => Ok(true),
+        Err(nix::Error::ENOENT) => Ok(false),
+        Err(e) => Err(err("lstat", path)(e)),
+    }
+}
+
 fn io_errno(e: std::io::Error) -> nix::Error {
     nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
@@ -284,7 +359,7 @@ mod tests {
             workspace: Some(Path::new("/w")),
             tmp_size_bytes: 1 << 20,
             shm_size_bytes: 2 << 20,
-            control_dir: None,
+            mask_proc: true,
         })
     }
 
@@ -306,18 +381,8 @@ mod tests {
     }
 
     #[test]
-    fn a_control_dir_is_bound_read_only_at_run() {
-        let ops = plan(&Layout {
-            rootfs: Path::new("/r"),
-            workspace: Some(Path::new("/w")),
-            tmp_size_bytes: 1,
-            shm_size_bytes: 1,
-            control_dir: Some(Path::new("/c")),
-        });
-        let bind = ops.iter().position(|o| *o == MountOp::Bind { src: "/c".into(), dst: "/r/run".into(), file: false });
-        let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r/run".into() });
-        assert!(bind.is_some() && ro > bind);
-        assert!(!layout().iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/run"))));
+    fn nothing_is_bound_at_run() {
+        assert!(!layout().iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst.starts_with("/r/run"))));
     }
 
     #[test]
@@ -327,10 +392,48 @@ mod tests {
             workspace: None,
             tmp_size_bytes: 1,
             shm_size_bytes: 1,
-            control_dir: None,
+            mask_proc: true,
         });
         assert!(!ops.iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/mnt/data"))));
         assert_eq!(ops.len() + 2, layout().len());
+    }
+
+    #[test]
+    fn proc_is_masked_after_it_is_mounted_and_before_the_pivot() {
+        let ops = layout();
+        let proc = ops.iter().position(|o| *o == MountOp::Proc { dst: "/r/proc".into() }).unwrap();
+        let pivot = ops.iter().position(|o| matches!(o, MountOp::PivotRoot { .. })).unwrap();
+        let masks = proc_masks(Path::new("/r/proc"));
+        assert_eq!(ops[proc + 1..pivot], masks[..]);
+        for f in ["cmdline", "kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "interrupts"] {
+            assert!(masks.contains(&MountOp::MaskFile { path: Path::new("/r/proc").join(f) }), "{f}");
+        }
+        for d in ["acpi", "scsi", "asound"] {
+            assert!(masks.contains(&MountOp::MaskDir { path: Path::new("/r/proc").join(d) }), "{d}");
+        }
+        for p in ["sys", "sysrq-trigger", "bus", "fs", "irq"] {
+            assert!(masks.contains(&MountOp::ReadOnly { path: Path::new("/r/proc").join(p) }), "{p}");
+        }
+        assert!(masks.iter().all(|m| match m {
+            MountOp::MaskFile { path } | MountOp::MaskDir { path } | MountOp::ReadOnly { path } =>
+                path.starts_with("/r/proc") && path != Path::new("/r/proc"),
+            _ => false,
+        }));
+    }
+
+    #[test]
+    fn a_template_keeps_its_proc_fully_visible() {
+        let ops = plan(&Layout {
+            rootfs: Path::new("/r"),
+            workspace: None,
+            tmp_size_bytes: 1,
+            shm_size_bytes: 1,
+            mask_proc: false,
+        });
+        assert!(ops.contains(&MountOp::Proc { dst: "/r/proc".into() }));
+        assert!(!ops
+            .iter()
+            .any(|o| matches!(o, MountOp::MaskFile { .. } | MountOp::MaskDir { .. } | MountOp::ReadOnly { .. })));
     }
 
     #[test]

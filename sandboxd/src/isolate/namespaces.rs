@@ -16,6 +16,8 @@ pub enum Error {
     Loopback(nix::Error),
     #[error("sethostname: {0}")]
     Hostname(nix::Error),
+    #[error("unshare a nested user namespace: {0}")]
+    Nest(nix::Error),
 }
 
 /// Every namespace a sandbox gets.
@@ -72,6 +74,37 @@ pub fn write_id_maps(child: Pid, host_uid: u32, host_gid: u32) -> Result<(), Err
         fs::write(&path, text).map_err(|e| Error::IdMap(path, e))?;
     }
     Ok(())
+}
+
+/// The maps of a user namespace nested in the sandbox's: the sandbox user maps to
+/// itself, and nothing else is mapped (`setgroups` is denied first, as an
+/// unprivileged `gid_map` requires).
+pub fn nested_id_maps() -> [(&'static str, String); 3] {
+    [
+        ("setgroups", "deny".into()),
+        ("uid_map", format!("{SANDBOX_UID} {SANDBOX_UID} 1\n")),
+        ("gid_map", format!("{SANDBOX_GID} {SANDBOX_GID} 1\n")),
+    ]
+}
+
+/// Move the calling process -- the sandbox user, its privileges already dropped --
+/// into a user namespace of its own, nested in the sandbox's, with
+/// [`nested_id_maps`]. Inside, `/proc/self/uid_map` then reads `1000 1000 1`: the
+/// host uid the sandbox runs as is shown nowhere. The process holds every capability
+/// of the new namespace when this returns: the caller clears them at once. The
+/// namespaces the sandbox already has (mount, pid, net, ...) stay owned by the
+/// outer user namespace, out of reach of those capabilities.
+pub fn nest_user_namespace() -> Result<(), Error> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(Error::Nest)?;
+    // Changing credentials made this process non-dumpable, which makes its /proc
+    // files root's: writable by us only while it is dumpable again, for the maps.
+    nix::sys::prctl::set_dumpable(true).map_err(Error::Nest)?;
+    let written = nested_id_maps().into_iter().try_for_each(|(file, text)| {
+        let path = format!("/proc/self/{file}");
+        fs::write(&path, text).map_err(|e| Error::IdMap(path, e))
+    });
+    nix::sys::prctl::set_dumpable(false).map_err(Error::Nest)?;
+    written
 }
 
 /// A user namespace whose only mappings are `uid.0` → `uid.1` and `gid.0` →
@@ -175,5 +208,13 @@ mod tests {
         ] {
             assert_ne!(CLONE_FLAGS & f, 0);
         }
+    }
+
+    #[test]
+    fn the_nested_namespace_maps_only_the_sandbox_user_to_itself() {
+        let maps = nested_id_maps();
+        assert_eq!(maps[0], ("setgroups", "deny".to_string()), "setgroups first, as an unprivileged gid_map requires");
+        assert_eq!(maps[1], ("uid_map", "1000 1000 1\n".to_string()));
+        assert_eq!(maps[2], ("gid_map", "1000 1000 1\n".to_string()));
     }
 }

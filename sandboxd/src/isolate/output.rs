@@ -12,7 +12,7 @@ pub enum StreamKind {
 }
 
 /// A piece of output for streaming clients, already decoded.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
     pub stream: StreamKind,
     pub text: String,

@@ -35,9 +35,6 @@ pub struct SandboxSpec {
     pub shm_size_bytes: u64,
     pub rlimits: Rlimits,
     pub hostname: String,
-    /// A host directory bound read-only at `/run` inside (a kernel's control socket).
-    #[serde(default)]
-    pub control_dir: Option<PathBuf>,
     /// The program is a pooled template interpreter ([`super::template`]): it gets
     /// neither the seccomp filter nor Landlock, which each of its forks applies to
     /// itself once it is in its own namespaces. It never runs user code.

@@ -15,10 +15,14 @@
 //! 4. returns 0 to Python in the locked-down process, which runs the user's code.
 //!
 //! The first fork stays outside, in the template's pid namespace: it waits for the
-//! run's init and writes how the run ended on the run's socket. Killing the run's
-//! init ends everything in the run; the template, which never runs user code,
-//! serves the next one. The workspace is mounted into the run's mount namespace by
-//! the sandbox's helper, from outside ([`super::helper`]).
+//! run's init and writes how the run ended ([`Report`]) on the run's report channel,
+//! a pipe only it holds: the init closes its copy before anything else, so no
+//! process of the run, and no user code, ever has it. The run's own socket, which
+//! the user's code shares with the runner, carries only what the runner says (see
+//! [`crate::pool`] for what the daemon accepts from it, and when). Killing the
+//! run's init ends everything in the run; the template, which never runs user
+//! code, serves the next one. The workspace is mounted into the run's mount
+//! namespace by the sandbox's helper, from outside ([`super::helper`]).
 //!
 //! Nothing here allocates after the first fork beyond what the cold init does; the
 //! template's Python is single-threaded in the fork (threads do not survive it).
@@ -30,49 +34,88 @@ use super::namespaces;
 use super::spec::{ChildSpec, Event, SANDBOX_GID, SANDBOX_UID};
 use nix::sys::signal::Signal;
 use nix::unistd::{fork, ForkResult};
+use serde::{Deserialize, Serialize};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 /// The namespaces a fork leaves the template's for.
 const UNSHARE_FLAGS: libc::c_int = namespaces::CLONE_FLAGS;
 
-/// C entry point, called by the template's fork with the [`ChildSpec`] as JSON and
-/// the run's socket. Returns 0 in the run's process, locked down; writes a
-/// `{"failed": …}` line on the socket and returns -1 when the sandbox could not be
-/// made. The other processes it makes never return.
+/// What a template says on its stdin socket (it runs no user code; still read
+/// bounded and strictly).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateMessage {
+    /// The preload modules are imported (those in `failed` could not be).
+    Ready { failed: Vec<String> },
+    /// A run's fork (this pid in the template's namespace) is gone.
+    Reaped(i32),
+}
+
+/// What a run's process says on the run's socket before it gets its code: it is in
+/// its own sandbox, locked down, and waits. The user's code has not run yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForkMessage {
+    Entered(bool),
+}
+
+/// What a run's process may say on the run's socket once it has its code: the exit
+/// code it is about to leave with, after closing its output. The user's code shares
+/// the socket, so this is a claim (see [`crate::pool`] for what it can decide).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunClaim {
+    ExitCode(u8),
+}
+
+/// How a run ended, from its outer process on the report channel, which no
+/// process of the run holds: trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Report {
+    /// The run's process exited with this code.
+    ExitCode(i32),
+    /// The run's process (or its init) was killed by this signal.
+    Signal(i32),
+    /// The sandbox could not be made; the run's process never got to run anything.
+    Failed { step: String, error: String },
+}
+
+/// C entry point, called by the template's fork with the [`ChildSpec`] as JSON, the
+/// run's socket and the run's report channel. Returns 0 in the run's process,
+/// locked down, without the report channel; writes [`Report::Failed`] on the report
+/// channel and returns -1 when the sandbox could not be made. The other processes
+/// it makes never return.
 ///
 /// # Safety
 /// `spec` must point to `len` readable bytes; the caller must be single-threaded
-/// (a fresh fork) and `socket` an open fd it owns.
+/// (a fresh fork) and `socket` and `report` open fds it owns.
 #[no_mangle]
-pub unsafe extern "C" fn sandboxd_enter(spec: *const u8, len: usize, socket: RawFd) -> libc::c_int {
-    if spec.is_null() || socket < 0 {
+pub unsafe extern "C" fn sandboxd_enter(spec: *const u8, len: usize, socket: RawFd, report: RawFd) -> libc::c_int {
+    if spec.is_null() || socket < 0 || report < 0 || socket == report {
         return -1;
     }
     // SAFETY: the caller passes `len` readable bytes at `spec`.
     let bytes = unsafe { std::slice::from_raw_parts(spec, len) };
-    // SAFETY: the caller owns `socket`; it lives as long as this process (the run's
-    // process keeps it as its socket to the daemon).
-    let mut out = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(socket) });
+    // SAFETY: the caller owns `report`; the outer process writes on it and ends
+    // (through _exit, so nothing closes it twice).
+    let mut out = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(report) });
     let result = serde_json::from_slice::<ChildSpec>(bytes)
         .map_err(Failure::at("parse the run's spec"))
-        .and_then(|spec| enter(&spec, socket));
+        .and_then(|spec| enter(&spec, socket, report));
     match result {
         Ok(()) => 0,
         Err(f) => {
-            send(&mut out, &failed(&f));
+            send(&mut out, &Report::Failed { step: f.step.into(), error: f.error });
             -1
         }
     }
 }
 
-fn failed(f: &Failure) -> serde_json::Value {
-    serde_json::json!({ "failed": { "step": f.step, "error": f.error } })
-}
-
-fn send(out: &mut File, msg: &serde_json::Value) {
+fn send(out: &mut File, msg: &Report) {
     if let Ok(mut line) = serde_json::to_vec(msg) {
         line.push(b'\n');
         let _ = out.write_all(&line);
@@ -87,6 +130,15 @@ pub fn fresh_mounts(spec: &ChildSpec) -> Vec<MountOp> {
     ]
 }
 
+/// The run's own `/proc`, masked as a cold sandbox's (the template's stays fully
+/// visible, which the kernel requires for this mount).
+pub fn fresh_proc() -> Vec<MountOp> {
+    let proc = PathBuf::from("/proc");
+    let mut ops = vec![MountOp::Proc { dst: proc.clone() }];
+    ops.extend(mounts::proc_masks(&proc));
+    ops
+}
+
 /// The id maps of the run's user namespace: the sandbox user maps to itself in the
 /// template's namespace (the only id a process may map without privileges there).
 pub fn id_maps() -> [(&'static str, String); 3] {
@@ -97,9 +149,9 @@ pub fn id_maps() -> [(&'static str, String); 3] {
     ]
 }
 
-fn enter(spec: &ChildSpec, socket: RawFd) -> Result<(), Failure> {
+fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> {
     // The template's descriptors (its socket to the daemon, the library) stay behind.
-    close_fds_except(socket)?;
+    close_fds_except(&[socket, report])?;
     // SAFETY: unshare takes flags only; the caller is single-threaded, as
     // CLONE_NEWUSER requires.
     if unsafe { libc::unshare(UNSHARE_FLAGS) } != 0 {
@@ -115,19 +167,44 @@ fn enter(spec: &ChildSpec, socket: RawFd) -> Result<(), Failure> {
     // SAFETY: single-threaded (see above).
     match unsafe { fork() }.map_err(Failure::at("fork"))? {
         ForkResult::Child => {
+            // The report channel is the outer process's alone: the run's init and
+            // program never hold it.
+            // SAFETY: `report` is ours (see sandboxd_enter); nothing else in this
+            // process uses it.
+            unsafe { libc::close(report) };
             drop((report_r, alive_w));
             run_init(spec, report_w, alive_r)
         }
         ForkResult::Parent { child } => {
             drop((report_w, alive_r));
-            // Output is the run's alone: this process keeps no copy of it.
+            // Output is the run's alone: this process keeps no copy of it, nor of
+            // the run's socket.
             init::devnull_stdio();
+            // SAFETY: `socket` is ours (see sandboxd_enter); only the run's process
+            // uses it from here on.
+            unsafe { libc::close(socket) };
+            // SAFETY: `report` is ours (see sandboxd_enter); this process ends below.
+            let mut out = unsafe { File::from_raw_fd(report) };
+            // The init's final line comes once the program is gone: report it then,
+            // not after the init's own exit (the rest of the run's teardown).
+            let mut lines = std::io::BufReader::new(File::from(report_r));
             let mut text = String::new();
-            let _ = File::from(report_r).read_to_string(&mut text);
+            let mut reported = false;
+            while !reported {
+                match std::io::BufRead::read_line(&mut lines, &mut text) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(r) = final_report(&text) {
+                    send(&mut out, &r);
+                    reported = true;
+                }
+            }
+            // Reaped only once the run is gone: the template's "reaped" means that.
             let status = nix::sys::wait::waitpid(child, None);
-            // SAFETY: `socket` is ours (see sandboxd_enter); this process ends below.
-            let mut out = unsafe { File::from_raw_fd(socket) };
-            send(&mut out, &final_message(&text, status));
+            if !reported {
+                send(&mut out, &final_message(&text, status));
+            }
             drop(alive_w);
             // SAFETY: leave without running the template's atexit handlers or
             // destructors: this process is a copy of the template's Python.
@@ -137,16 +214,22 @@ fn enter(spec: &ChildSpec, socket: RawFd) -> Result<(), Failure> {
 }
 
 /// How the run ended, from the init's report (or, without one, its own status).
-fn final_message(report: &str, status: nix::Result<nix::sys::wait::WaitStatus>) -> serde_json::Value {
-    let last = report.lines().filter_map(init::parse_report).rfind(|e| !matches!(e, Event::Warning { .. }));
-    match (last, status) {
-        (Some(Event::Exited { code }), _) => serde_json::json!({ "exit_code": code }),
-        (Some(Event::Signaled { signal }), _) => serde_json::json!({ "signal": signal }),
-        (Some(Event::SetupFailed { step, error }), _) => {
-            serde_json::json!({ "failed": { "step": step, "error": error } })
-        }
-        (_, Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => serde_json::json!({ "signal": sig as i32 }),
-        _ => serde_json::json!({ "signal": libc::SIGKILL }),
+fn final_message(report: &str, status: nix::Result<nix::sys::wait::WaitStatus>) -> Report {
+    match (final_report(report), status) {
+        (Some(r), _) => r,
+        (_, Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => Report::Signal(sig as i32),
+        _ => Report::Signal(libc::SIGKILL),
+    }
+}
+
+/// How the run ended, once the init's report (complete lines) says so.
+fn final_report(report: &str) -> Option<Report> {
+    let complete = &report[..report.rfind('\n')? + 1];
+    match complete.lines().filter_map(init::parse_report).rfind(|e| !matches!(e, Event::Warning { .. }))? {
+        Event::Exited { code } => Some(Report::ExitCode(code)),
+        Event::Signaled { signal } => Some(Report::Signal(signal)),
+        Event::SetupFailed { step, error } => Some(Report::Failed { step, error }),
+        _ => None,
     }
 }
 
@@ -157,7 +240,7 @@ fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Fai
     let alive = File::from(alive);
     let prepared = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(Failure::at("PR_SET_PDEATHSIG"))
-        .and_then(|()| mounts::apply(&[MountOp::Proc { dst: PathBuf::from("/proc") }]).map_err(Failure::at("mounts")))
+        .and_then(|()| mounts::apply(&fresh_proc()).map_err(Failure::at("mounts")))
         .and_then(|()| namespaces::loopback_up().map_err(Failure::at("loopback")))
         .and_then(|()| init::lock_down_and_fork(&spec.rlimits, true, &mut report, &alive));
     match prepared {
@@ -180,18 +263,33 @@ fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Fai
     }
 }
 
-/// Close every fd from 3 up but `keep`.
-fn close_fds_except(keep: RawFd) -> Result<(), Failure> {
-    let keep = keep as u32;
-    let ranges = [(3u32, keep.checked_sub(1)), (keep + 1, Some(u32::MAX))];
-    for (first, last) in ranges {
-        let Some(last) = last.filter(|l| *l >= first) else { continue };
+/// Close every fd from 3 up but those in `keep`.
+fn close_fds_except(keep: &[RawFd]) -> Result<(), Failure> {
+    for (first, last) in ranges_to_close(keep) {
         // SAFETY: close_range only closes our own descriptors.
         if unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) } != 0 {
             return Err(Failure::at("close_range")(nix::Error::last()));
         }
     }
     Ok(())
+}
+
+/// The ranges of fds from 3 up that are not in `keep`.
+fn ranges_to_close(keep: &[RawFd]) -> Vec<(u32, u32)> {
+    let mut keep: Vec<u32> = keep.iter().filter_map(|k| u32::try_from(*k).ok()).filter(|k| *k >= 3).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut ranges = vec![];
+    let mut first = 3u32;
+    for k in keep {
+        if k > first {
+            ranges.push((first, k - 1));
+        }
+        first = k + 1;
+    }
+    // fds are below 2^31: `first` did not wrap.
+    ranges.push((first, u32::MAX));
+    ranges
 }
 
 #[cfg(test)]
@@ -223,18 +321,68 @@ mod tests {
     }
 
     #[test]
+    fn a_fork_mounts_a_fresh_proc_then_masks_it() {
+        let ops = fresh_proc();
+        assert_eq!(ops[0], MountOp::Proc { dst: "/proc".into() });
+        assert_eq!(ops[1..], mounts::proc_masks(std::path::Path::new("/proc"))[..]);
+        assert!(ops.contains(&MountOp::MaskFile { path: "/proc/cmdline".into() }));
+        assert!(ops.contains(&MountOp::ReadOnly { path: "/proc/sysrq-trigger".into() }));
+    }
+
+    #[test]
     fn the_final_message_says_how_the_run_ended() {
         use nix::sys::wait::WaitStatus;
         let pid = nix::unistd::Pid::from_raw(2);
-        assert_eq!(final_message("W x\nX 3\n", Ok(WaitStatus::Exited(pid, 0))), serde_json::json!({"exit_code": 3}));
-        assert_eq!(final_message("S 9\n", Ok(WaitStatus::Exited(pid, 0))), serde_json::json!({"signal": 9}));
-        assert_eq!(
-            final_message("", Ok(WaitStatus::Signaled(pid, Signal::SIGKILL, false))),
-            serde_json::json!({"signal": 9})
-        );
+        assert_eq!(final_message("W x\nX 3\n", Ok(WaitStatus::Exited(pid, 0))), Report::ExitCode(3));
+        assert_eq!(final_message("S 9\n", Ok(WaitStatus::Exited(pid, 0))), Report::Signal(9));
+        assert_eq!(final_message("", Ok(WaitStatus::Signaled(pid, Signal::SIGKILL, false))), Report::Signal(9));
         assert_eq!(
             final_message("F landlock\tnope\n", Ok(WaitStatus::Exited(pid, 0))),
-            serde_json::json!({"failed": {"step": "landlock", "error": "nope"}})
+            Report::Failed { step: "landlock".into(), error: "nope".into() }
         );
+        // Reported as soon as a final line is complete; a warning is not one.
+        assert_eq!(final_report("W careful\n"), None);
+        assert_eq!(final_report("W careful\nX 0"), None);
+        assert_eq!(final_report("W careful\nX 0\n"), Some(Report::ExitCode(0)));
+    }
+
+    #[test]
+    fn the_protocol_messages_round_trip_in_their_wire_form() {
+        use crate::isolate::channel::parse;
+        let wire: [(&[u8], TemplateMessage); 2] = [
+            (br#"{"ready":{"failed":["nope"]}}"#, TemplateMessage::Ready { failed: vec!["nope".into()] }),
+            (br#"{"reaped":12}"#, TemplateMessage::Reaped(12)),
+        ];
+        for (line, msg) in wire {
+            assert_eq!(parse::<TemplateMessage>(line).unwrap(), msg);
+            assert_eq!(serde_json::to_vec(&msg).unwrap(), line);
+        }
+        assert_eq!(parse::<ForkMessage>(br#"{"entered": true}"#).unwrap(), ForkMessage::Entered(true));
+        assert_eq!(parse::<RunClaim>(br#"{"exit_code": 255}"#).unwrap(), RunClaim::ExitCode(255));
+        for r in [Report::ExitCode(-1), Report::Signal(9), Report::Failed { step: "s".into(), error: "e".into() }] {
+            assert_eq!(parse::<Report>(&serde_json::to_vec(&r).unwrap()).unwrap(), r);
+        }
+        // What the user's code could write instead is none of these.
+        for bad in [
+            &br#"{"failed":{"step":"x","error":"evil"}}"#[..],
+            br#"{"signal":9}"#,
+            br#"{"exit_code":256}"#,
+            br#"{"exit_code":-1}"#,
+            br#"{"exit_code":0,"signal":9}"#,
+            br#"{"entered":true}"#,
+        ] {
+            assert!(parse::<RunClaim>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        for bad in [&br#"{"failed":{"step":"x","error":"evil"}}"#[..], br#"{"entered":true,"x":1}"#, br#""entered""#] {
+            assert!(parse::<ForkMessage>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_fork_keeps_only_its_socket_and_report_channel() {
+        assert_eq!(ranges_to_close(&[5, 7]), vec![(3, 4), (6, 6), (8, u32::MAX)]);
+        assert_eq!(ranges_to_close(&[7, 3]), vec![(4, 6), (8, u32::MAX)]);
+        assert_eq!(ranges_to_close(&[4, 5]), vec![(3, 3), (6, u32::MAX)]);
+        assert_eq!(ranges_to_close(&[]), vec![(3, u32::MAX)]);
     }
 }

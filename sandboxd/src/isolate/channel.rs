@@ -1,0 +1,261 @@
+//! Lines from streams that sandboxed code can write: a kernel's socket, a pooled
+//! run's socket, a template's socket. Nothing read from them is trusted.
+//!
+//! [`LineReader`] reads one line of at most `max` bytes without ever holding more
+//! than that (plus its fixed read buffer): it scans what the stream has for `'\n'`
+//! and keeps only the line so far, so a peer that writes gigabytes without a
+//! newline costs the daemon `max` bytes and then a [`Error::TooLong`]. [`parse`]
+//! turns a line into a typed message, strictly; its errors carry no text of the
+//! peer's but a short, escaped excerpt ([`excerpt`]) fit for an info log line.
+
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+
+/// Bytes read from the stream at a time.
+const READ_BUFFER: usize = 8 * 1024;
+/// Bytes of a bad line shown in logs.
+const EXCERPT: usize = 48;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("a line longer than {0} bytes")]
+    TooLong(usize),
+    #[error("the stream ended in the middle of a line")]
+    Truncated,
+    #[error("the stream broke the protocol earlier")]
+    Broken,
+    #[error("reading: {0}")]
+    Io(#[from] std::io::Error),
+    /// `reason` is ours (serde's category and position), `excerpt` the peer's bytes,
+    /// escaped and cut short.
+    #[error("an unreadable message ({reason}), starting \"{excerpt}\"")]
+    Malformed { reason: String, excerpt: String },
+}
+
+impl Error {
+    /// A protocol violation (as opposed to the stream ending or failing).
+    pub fn is_violation(&self) -> bool {
+        matches!(self, Error::TooLong(_) | Error::Malformed { .. } | Error::Broken)
+    }
+}
+
+/// Reads bounded lines from `R`. After an error the stream is out of step and every
+/// later read fails with [`Error::Broken`]: drop it.
+pub struct LineReader<R> {
+    inner: BufReader<R>,
+    /// The line so far (cancel-safe: kept across dropped reads).
+    line: Vec<u8>,
+    max: usize,
+    broken: bool,
+}
+
+impl<R: AsyncRead + Unpin> LineReader<R> {
+    /// Lines of at most `max` bytes, the `'\n'` not counted.
+    pub fn new(inner: R, max: usize) -> LineReader<R> {
+        LineReader { inner: BufReader::with_capacity(READ_BUFFER, inner), line: vec![], max, broken: false }
+    }
+
+    pub fn get_ref(&self) -> &R {
+        self.inner.get_ref()
+    }
+
+    pub fn get_mut(&mut self) -> &mut R {
+        self.inner.get_mut()
+    }
+
+    /// Nothing read from the stream is waiting here (neither a part of a line nor
+    /// buffered bytes).
+    pub fn is_idle(&self) -> bool {
+        self.line.is_empty() && self.inner.buffer().is_empty() && !self.broken
+    }
+
+    /// The next line, without its `'\n'`; `None` at a clean end of the stream.
+    /// Cancel-safe: a read dropped half-way loses nothing.
+    pub async fn next_line(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        if self.broken {
+            return Err(Error::Broken);
+        }
+        let read = self.read_line().await;
+        if read.is_err() {
+            self.broken = true;
+            self.line = vec![];
+        }
+        read
+    }
+
+    async fn read_line(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        loop {
+            let buf = self.inner.fill_buf().await?;
+            if buf.is_empty() {
+                return if self.line.is_empty() { Ok(None) } else { Err(Error::Truncated) };
+            }
+            let newline = buf.iter().position(|b| *b == b'\n');
+            let take = newline.unwrap_or(buf.len());
+            if self.line.len() + take > self.max {
+                return Err(Error::TooLong(self.max));
+            }
+            self.line.extend_from_slice(&buf[..take]);
+            self.inner.consume(take + usize::from(newline.is_some()));
+            if newline.is_some() {
+                return Ok(Some(std::mem::take(&mut self.line)));
+            }
+        }
+    }
+
+    /// The next line as a `T` ([`parse`]); `None` at a clean end of the stream.
+    pub async fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, Error> {
+        match self.next_line().await? {
+            Some(line) => parse(&line).map(Some).inspect_err(|_| self.broken = true),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `line` as a `T`, strictly. The error says what kind of mistake it was and where,
+/// never the peer's words but in [`excerpt`].
+pub fn parse<T: DeserializeOwned>(line: &[u8]) -> Result<T, Error> {
+    serde_json::from_slice(line).map_err(|e| Error::Malformed {
+        reason: format!("{:?} error at column {}", e.classify(), e.column()),
+        excerpt: excerpt(line),
+    })
+}
+
+/// The first bytes of `bytes`, escaped (no control characters, quotes or
+/// backslashes left raw), for a log line.
+pub fn excerpt(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(EXCERPT)];
+    let mut text: String = String::from_utf8_lossy(cut).chars().flat_map(char::escape_default).collect();
+    if bytes.len() > EXCERPT {
+        text.push_str("...");
+    }
+    text
+}
+
+/// Cut `text` to at most `max` bytes, on a character boundary; true if it was cut.
+pub fn clip(text: &mut String, max: usize) -> bool {
+    if text.len() <= max {
+        return false;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream that hands out `chunks` one read at a time, then ends.
+    struct Chunks(std::collections::VecDeque<Vec<u8>>);
+
+    impl AsyncRead for Chunks {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if let Some(mut chunk) = self.0.pop_front() {
+                let n = chunk.len().min(buf.remaining());
+                buf.put_slice(&chunk[..n]);
+                if n < chunk.len() {
+                    self.0.push_front(chunk.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn reader(chunks: &[&[u8]], max: usize) -> LineReader<Chunks> {
+        LineReader::new(Chunks(chunks.iter().map(|c| c.to_vec()).collect()), max)
+    }
+
+    #[tokio::test]
+    async fn a_line_of_exactly_the_limit_is_read_and_one_more_byte_is_refused() {
+        let mut r = reader(&[b"abcd\nabcde\nok\n"], 4);
+        assert_eq!(r.next_line().await.unwrap(), Some(b"abcd".to_vec()));
+        assert!(matches!(r.next_line().await, Err(Error::TooLong(4))));
+        // Out of step from here on: the rest is never taken for a line.
+        assert!(matches!(r.next_line().await, Err(Error::Broken)));
+    }
+
+    #[tokio::test]
+    async fn lines_split_across_reads_are_joined() {
+        let mut r = reader(&[b"ab", b"c", b"\nde", b"f\n", b"\n"], 3);
+        assert_eq!(r.next_line().await.unwrap(), Some(b"abc".to_vec()));
+        assert_eq!(r.next_line().await.unwrap(), Some(b"def".to_vec()));
+        assert_eq!(r.next_line().await.unwrap(), Some(vec![]));
+        assert_eq!(r.next_line().await.unwrap(), None);
+        assert!(r.is_idle());
+    }
+
+    #[tokio::test]
+    async fn a_limit_crossed_across_reads_is_refused_without_keeping_more() {
+        let mut r = reader(&[b"ab", b"cd", b"e"], 4);
+        assert!(matches!(r.next_line().await, Err(Error::TooLong(4))));
+        assert!(r.line.capacity() <= 4 + READ_BUFFER);
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_a_newline_costs_the_limit_and_no_more() {
+        // 64 MiB without a newline, in 1 MiB reads: refused after the first 1 KiB.
+        let big: Vec<Vec<u8>> = (0..64).map(|_| vec![b'x'; 1 << 20]).collect();
+        let mut r = LineReader::new(Chunks(big.into()), 1024);
+        assert!(matches!(r.next_line().await, Err(Error::TooLong(1024))));
+        assert!(r.line.capacity() <= 1024 + READ_BUFFER);
+        assert!(r.inner.get_ref().0.len() >= 62, "the rest of the stream was not read");
+    }
+
+    #[tokio::test]
+    async fn the_end_of_the_stream_inside_a_line_is_not_a_line() {
+        let mut r = reader(&[b"{\"a\":", b"1"], 100);
+        let e = r.next_line().await.unwrap_err();
+        assert!(matches!(e, Error::Truncated) && !e.is_violation());
+        let mut r = reader(&[], 100);
+        assert_eq!(r.next_line().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_read_loses_nothing() {
+        let (mut w, rd) = tokio::io::duplex(64);
+        let mut r = LineReader::new(rd, 100);
+        use tokio::io::AsyncWriteExt;
+        w.write_all(b"hal").await.unwrap();
+        let timed = tokio::time::timeout(std::time::Duration::from_millis(20), r.next_line()).await;
+        assert!(timed.is_err(), "no line yet");
+        w.write_all(b"f\n").await.unwrap();
+        assert_eq!(r.next_line().await.unwrap(), Some(b"half".to_vec()));
+    }
+
+    #[test]
+    fn parse_errors_carry_only_an_escaped_excerpt() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct M {
+            a: u8,
+        }
+        let evil = format!("{{\"evil\n\u{1b}[31m{}\": 1}}", "x".repeat(1000));
+        let e = parse::<M>(evil.as_bytes()).unwrap_err();
+        let text = e.to_string();
+        assert!(e.is_violation());
+        assert!(text.len() < 200, "{text}");
+        assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text}");
+        assert!(!text.contains("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"), "{text}");
+        assert!(matches!(parse::<M>(b"{\"a\": 1}"), Ok(M { a: 1 })));
+    }
+
+    #[test]
+    fn clip_cuts_on_a_character_boundary() {
+        let mut s = "aé".to_string();
+        assert!(clip(&mut s, 2));
+        assert_eq!(s, "a");
+        let mut s = "abc".to_string();
+        assert!(!clip(&mut s, 3));
+        assert_eq!(s, "abc");
+    }
+}
