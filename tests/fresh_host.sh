@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command on a fresh Debian 13 (trixie): a debootstrapped
 # minbase tree with only make and a C compiler added, this host's Rust toolchain
-# and this repository bound in, entered with pivot_root in a private mount
+# bound in and a copy of this repository's files (no build output: the tree builds
+# everything itself, against its own libc) in /root/sandboxd, entered with pivot_root in a private mount
 # namespace (not chroot: the kernel refuses new user namespaces in a chroot).
 # There `make run` must install its host tools, build the daemon and the rootfs
 # (no host Python), and serve: the test checks /v1/health and a run that makes a
@@ -76,9 +77,9 @@ in_tree() {
   local script=$1
   unshare --mount --propagation private -- /bin/bash -c '
     set -euo pipefail
-    tree=$1 repo=$2 cargo_home=$3 rustup_home=$4 cache=$5 script=$6
+    tree=$1 src=$2 cargo_home=$3 rustup_home=$4 cache=$5 script=$6
     mount --bind "$tree" "$tree"
-    for d in "$cargo_home" "$rustup_home" "$repo"; do mkdir -p "$tree$d"; mount --bind "$d" "$tree$d"; done
+    for d in "$cargo_home" "$rustup_home"; do mkdir -p "$tree$d"; mount --bind "$d" "$tree$d"; done
     mkdir -p "$tree/var/cache/sandboxd-build-cache"
     mount --bind "$cache/rootfs" "$tree/var/cache/sandboxd-build-cache"
     mount -t proc proc "$tree/proc"
@@ -97,8 +98,8 @@ in_tree() {
       CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" \
       SANDBOXD_ROOTFS_CACHE=/var/cache/sandboxd-build-cache $(test -s /root/host-ca.pem && echo SANDBOXD_CA_BUNDLE=/root/host-ca.pem) \
       SANDBOXD_HTTP=127.0.0.1:'"$port"' SANDBOXD_INSTANCE=sdfreshhost \
-      /bin/bash -c "cd $repo && $script"
-  ' in-tree "$tree" "$repo" "$cargo_home" "$rustup_home" "$cache" "$script"
+      /bin/bash -c "cd $src && $script"
+  ' in-tree "$tree" /root/sandboxd "$cargo_home" "$rustup_home" "$cache" "$script"
 }
 
 say "step 1/5: debootstrap Debian 13 (trixie) minbase + make + a C compiler into $tree"
@@ -107,6 +108,12 @@ remove_tree
 debootstrap --variant=minbase --include=make,gcc,libc6-dev --cache-dir="$cache/debs" trixie "$tree" "$mirror" \
   >"$base/debootstrap.log" 2>&1 || { tail -20 "$base/debootstrap.log" >&2; fail "debootstrap trixie from $mirror failed"; }
 cp /etc/resolv.conf "$tree/etc/resolv.conf"
+# The repository's files as a clone would have them (tracked and new, not ignored:
+# no target/), uncommitted edits included.
+mkdir -p "$tree/root/sandboxd"
+(cd "$repo" && git ls-files -z --cached --others --exclude-standard \
+  | tar --null --ignore-failed-read -T - -cf - 2>/dev/null) | tar -xf - -C "$tree/root/sandboxd"
+[ -f "$tree/root/sandboxd/Makefile" ] || fail "could not copy the repository into the tree"
 # This host's network may re-sign TLS (a proxy with its own CA): the tree gets the
 # host's CA bundle for the rootfs build's downloads, nothing else of the host.
 if [ -s /etc/ssl/certs/ca-certificates.crt ]; then cp /etc/ssl/certs/ca-certificates.crt "$tree/root/host-ca.pem"; fi
