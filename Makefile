@@ -3,9 +3,11 @@ CARGO ?= cargo
 ROOTFS_DIR ?= /var/cache/sandboxd/rootfs
 ROOTFS := $(ROOTFS_DIR)/current.tar.zst
 PREFIX ?= /usr/local
-PYTHON ?= python3
+# The black-box suite and the benchmark run in a venv of their own (tests/clients.sh).
+TEST_VENV ?= $(CURDIR)/target/test-venv
+PYTHON ?= $(TEST_VENV)/bin/python
 
-.PHONY: run build rootfs host-tools host-tools-test test unit-test system-test lint bench install verify-units deb fresh-host-test clean
+.PHONY: run build rootfs host-tools host-tools-test test test-clients unit-test system-test lint bench install verify-units deb fresh-host-test clean
 
 ## Install the missing host tools (apt-get on Debian/Ubuntu; elsewhere the exact command),
 ## build everything, build the rootfs on first use (with progress), check the host, start sandboxd.
@@ -27,7 +29,11 @@ rootfs:
 	rootfs/build.sh $(ROOTFS_DIR)
 
 ## The whole test suite: unit tests, then the black-box suite against real daemons (as root).
-test: host-tools-test build rootfs unit-test system-test
+test: host-tools-test build rootfs test-clients unit-test system-test
+
+## The suite's Python clients (tests/requirements.txt), pinned, in $(TEST_VENV).
+test-clients:
+	tests/clients.sh $(TEST_VENV)
 
 unit-test:
 	$(CARGO) test --release --locked
@@ -40,7 +46,7 @@ lint:
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 
 ## Side-by-side timings (see bench/bench.py).
-bench: build rootfs
+bench: host-tools-test build rootfs test-clients
 	SANDBOXD_ROOTFS_TARBALL=$(ROOTFS) $(PYTHON) bench/bench.py
 
 install: build

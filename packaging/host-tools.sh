@@ -25,7 +25,7 @@ tools=(
   "make:make:runs the Makefile"
 )
 if [ "${1:-}" = "--test" ]; then
-  tools+=("python3:python3:runs the black-box test suite")
+  tools+=("python3:python3:runs the black-box test suite (its clients go in a venv: tests/clients.sh)")
 fi
 
 missing_cmds=()
@@ -38,6 +38,14 @@ for entry in "${tools[@]}"; do
     say "missing $cmd (package $pkg): $why"
   fi
 done
+# Debian and Ubuntu ship Python's venv module apart, as python3-venv; the test suite
+# puts its clients in a venv (tests/clients.sh).
+if [ "${1:-}" = "--test" ] && command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  missing_pkgs+=(python3-venv)
+  say "missing python3's venv module (package python3-venv): the test suite's clients go in a venv"
+elif [ "${1:-}" = "--test" ] && ! command -v python3 >/dev/null 2>&1; then
+  missing_pkgs+=(python3-venv)
+fi
 
 # Cargo first: it cannot come from the distribution's packages in a version this
 # workspace builds with, and sudo's PATH often hides a user's ~/.cargo/bin.
@@ -67,6 +75,7 @@ other_pkgs() {
     case "$p" in
       mount) out+=(util-linux) ;;
       coreutils | tar | make | zstd | debootstrap | e2fsprogs | util-linux | python3 | gcc) out+=("$p") ;;
+      python3-venv) ;; # part of python3 elsewhere
     esac
   done
   printf '%s\n' "${out[@]}" | sort -u | paste -sd' ' -

@@ -95,10 +95,15 @@ def assert_host_hidden(out, daemon, sid):
 def python_for_others():
     """An interpreter any user may run: the test's own may live under root's 0700
     home (pyenv, a venv in /root); the host's /usr/bin/python3 is the fallback."""
+    def others_may_run(path):
+        for p in {os.path.abspath(path), os.path.realpath(path)}:
+            parts = p.split("/")
+            dirs = ["/".join(parts[:i]) or "/" for i in range(1, len(parts))]
+            if not all(os.stat(d).st_mode & 0o001 for d in dirs) or not os.stat(p).st_mode & 0o001:
+                return False
+        return True
     for candidate in (sys.executable, "/usr/bin/python3"):
-        parts = os.path.realpath(candidate).split("/")
-        dirs = ["/".join(parts[:i]) or "/" for i in range(1, len(parts))]
-        if all(os.stat(d).st_mode & 0o001 for d in dirs) and os.stat(candidate).st_mode & 0o001:
+        if others_may_run(candidate):
             return candidate
     pytest.fail("no Python interpreter that other users may execute: install python3")
 
