@@ -226,3 +226,76 @@ def test_a_pooled_run_forging_messages_on_every_fd_ends_as_it_really_did(daemon,
     assert daemon.run("print(1)")["stdout"] == "1\n"
     daemon.wait_pool_ready()
     daemon.assert_clean()
+
+
+# Makes kernel.py stop reading its channel after this cell's reply: its main thread
+# sleeps for good (SIGINT ignored), as code in a cell can make it.
+STOP_READING = r'''
+import gc, signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+channel = [o for o in gc.get_objects() if type(o).__name__ == "Channel" and hasattr(o, "conn")][0]
+original = type(channel).send
+def send(message):
+    original(channel, message)
+    if message.get("kind") == "reply":
+        while True:
+            try:
+                time.sleep(3600)
+            except BaseException:
+                pass
+channel.send = send
+'''
+
+
+def test_a_kernel_that_stops_reading_cannot_hold_a_run_past_its_limit_nor_the_close(daemon, kernel):
+    sid = kernel()
+    assert daemon.run(STOP_READING, session_id=sid)["status"] == "ok"
+    assert daemon.run("print('small')", session_id=sid)["stdout"] == "small\n"
+    # Now nothing reads the socket: a cell bigger than its buffer (100,001 bytes of
+    # code, 600 KB as JSON) cannot be written whole. The write is under the cell's
+    # own time limit.
+    started = time.monotonic()
+    r = daemon.run("#" + "\x01" * 100_000, session_id=sid, timeout_s=3)
+    took = time.monotonic() - started
+    assert r["status"] == "timeout" and r["kernel_restarted"] is True, r
+    assert took < 15, took
+    # The session is free again, and a new kernel serves it.
+    assert daemon.run("print(2)", session_id=sid)["stdout"] == "2\n"
+    # The same, ended by closing the session instead of the limit.
+    assert daemon.run(STOP_READING, session_id=sid)["status"] == "ok"
+    assert daemon.run("print('small')", session_id=sid)["stdout"] == "small\n"
+    outcome = {}
+
+    def big_cell():
+        with daemon.http(timeout=60) as c:
+            outcome["run"] = c.post(f"/v1/sessions/{sid}/runs", json={"code": "#" + "\x01" * 100_000, "timeout_s": 60})
+    t = threading.Thread(target=big_cell)
+    t.start()
+    time.sleep(1.5)
+    started = time.monotonic()
+    with daemon.http(timeout=30) as c:
+        assert c.delete(f"/v1/sessions/{sid}").status_code == 200
+    t.join(30)
+    assert not t.is_alive() and time.monotonic() - started < 15
+    # Closing the session kills its kernel: the run says so.
+    ended = outcome["run"]
+    assert ended.status_code == 200 and ended.json()["status"] == "killed", ended.text
+    assert ended.json()["kernel_restarted"] is True
+
+
+def test_workspace_files_do_not_replace_the_modules_kernel_py_imports(daemon, kernel):
+    sid = kernel()
+    with daemon.http() as c:
+        for name in ("threading.py", "json.py", "socket.py", "codecs.py"):
+            r = c.put(f"/v1/sessions/{sid}/files/{name}", content=b'raise SystemExit("FORGED: shadowed")\n')
+            assert r.status_code == 201, r.text
+        assert c.put(f"/v1/sessions/{sid}/files/mymod.py", content=b"VALUE = 42\n").status_code == 201
+    # The kernel starts with those files in its working directory (a first run, then
+    # a restart after a crash): both times it serves, and the user's own module
+    # still imports from the workspace.
+    for _ in range(2):
+        r = daemon.run("import mymod\nprint(mymod.VALUE)", session_id=sid)
+        assert r["status"] == "ok" and r["stdout"] == "42\n", r
+        crashed = daemon.run("import os\nos._exit(1)", session_id=sid)
+        assert crashed["kernel_restarted"] is True, crashed
+    assert error_lines_with(daemon, "FORGED") == []

@@ -301,3 +301,61 @@ def test_an_upload_below_a_symlinked_directory_is_refused(daemon, host_dir):
         assert sorted(os.listdir(ws)) == ["link", "real"] and os.listdir(ws / "real") == ["link"]
         assert os.readlink(ws / "link") == str(target)
         c.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_file_under_a_lease_is_busy_not_a_server_error(daemon, kernel):
+    """A lease taken by the session's code makes the daemon's non-blocking open fail
+    (EWOULDBLOCK): 409 file_busy, nothing logged as an error, and the file's name
+    (which the sandbox chose, newline and all) never reaches the log raw. (An
+    upload with ?overwrite=true replaces the name, not the leased file: not busy.)"""
+    sid = kernel()
+    name = "fig\n2026-01-01T00:00:00Z ERROR sandboxd: FORGED.png"
+    cell(daemon, sid, f'''
+import fcntl, os
+name = {name!r}
+open(name, "wb").write(b"\\x89PNG\\r\\n\\x1a\\n")
+held = os.open(name, os.O_WRONLY)
+fcntl.fcntl(held, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+''')
+    with daemon.http() as c:
+        url = f"/v1/sessions/{sid}/files/" + name.replace("\n", "%0A")
+        got = c.get(url)
+        assert got.status_code == 409 and got.json()["error"]["code"] == "file_busy", got.text
+        assert "lease or lock" in got.json()["error"]["message"]
+    # Every line of the log is the daemon's own (a timestamp, then a level): the
+    # name (and the cell's code, logged at debug level) never split a line.
+    log = daemon.log_path.read_text(errors="replace")
+    assert "\x1b[" not in log, "a log file carries no colour codes"
+    assert not [line for line in log.splitlines() if "FORGED" in line and not line.startswith("20")], "a split log line"
+    assert not [line for line in log.splitlines() if line.startswith("2026-01-01T00:00:00Z")], "a forged log line"
+    # Released (or gone with its kernel: the break signal, SIGIO, ends a holder that
+    # has no handler for it), the file is served.
+    released = daemon.run("fcntl.fcntl(held, fcntl.F_SETLEASE, fcntl.F_UNLCK)\nos.close(held)", session_id=sid)
+    assert released["status"] == "ok" or released["kernel_restarted"] is True, released
+    with daemon.http() as c:
+        assert c.get(url).content == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_listing_is_bounded_by_its_paths_and_says_when_it_is_partial(daemon):
+    """Hard links cost no space, and names of control bytes grow sixfold in JSON:
+    a listing reports at most 4 MiB of paths, with a header saying it is partial."""
+    with daemon.http() as c:
+        sid = new_session(c)
+        r = c.get(f"/v1/sessions/{sid}/files")
+        assert r.status_code == 200 and r.headers["sandboxd-listing-partial"] == "false"
+        made = daemon.run('''
+import os
+open("b", "wb").close()
+long = "\\x01" * 240
+for i in range(18_000):
+    os.link("b", long + "%05d" % i)
+print(len(os.listdir(".")))
+''', session_id=sid, timeout_s=60)
+        assert made["status"] == "ok" and made["stdout"] == "18001\n", made
+        r = c.get(f"/v1/sessions/{sid}/files")
+        assert r.status_code == 200 and r.headers["sandboxd-listing-partial"] == "true", r.headers
+        listed = r.json()
+        assert 16_000 < len(listed) < 18_001, len(listed)
+        assert sum(len(f["path"].encode()) for f in listed) <= 4 * 1024 * 1024
+        assert len(r.content) < 64 * 1024 * 1024, len(r.content)
+        assert c.delete(f"/v1/sessions/{sid}").status_code == 200

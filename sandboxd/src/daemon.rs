@@ -43,7 +43,9 @@ pub enum Error {
 fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only on a terminal: a log file or the journal gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if config.log_format == "json" {
         builder.json().init();
     } else {
@@ -176,8 +178,15 @@ async fn serve(config: Config) -> Result<(), Error> {
         }
     });
     while servers.join_next().await.is_some() {}
-    // Runs whose clients already went away still hold their sessions: wait for them.
+    // Runs whose clients already went away still hold their sessions: wait for them,
+    // but not past the grace period and the kill's own time: what is still busy
+    // then is torn down with everything else below.
+    let hard_stop = tokio::time::Instant::now() + grace + Duration::from_secs(30);
     while state.sessions.busy_count() > 0 {
+        if tokio::time::Instant::now() >= hard_stop {
+            tracing::error!(busy = state.sessions.busy_count(), "runs did not end after the kill: stopping anyway");
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     state.sessions.stop_kernels().await;

@@ -12,8 +12,13 @@
 //! bounded ([`MAX_LINE`], [`crate::isolate::channel`]) and parsed strictly into a
 //! [`KernelMessage`]. Each cell carries a random nonce made by the daemon; kernel.py
 //! tags the cell's output chunks and its reply with it, and anything with another
-//! nonce (late output or a late reply of an earlier cell) is dropped, so a forged
-//! reply can at most end its own cell early, never shift later ones. The cell's
+//! nonce (late output or a late reply of an earlier cell) is dropped, so late or
+//! stray lines never shift later cells. This does not make a session's results
+//! trustworthy against its own code: code run in an earlier cell stays in the
+//! process, can read the next cell's request (nonce included) from the socket
+//! before kernel.py does and answer it, so what a kernel session returns is only
+//! as trustworthy as every cell it ran before (the README says so). It is bounded
+//! all the same, and it stays inside the session. The cell's
 //! output always arrives as chunks, and the daemon keeps at most the policy's output
 //! limit of each stream ([`Cell`]); a reply's fields are clipped to fixed bounds. A
 //! line over the limit or one that is not a message ends the kernel: the cell's
@@ -269,6 +274,14 @@ pub struct Kernel {
     task: JoinHandle<Result<Outcome, isolate::Error>>,
 }
 
+/// How sending a cell to the kernel ended.
+enum Written {
+    Yes,
+    Failed,
+    TimedOut,
+    Stopped,
+}
+
 /// Everything a kernel needs to start.
 pub struct StartSpec<'a> {
     pub session_id: &'a str,
@@ -290,7 +303,10 @@ impl Kernel {
         writer.write_all(&source).await.map_err(Error::Channel)?;
 
         let policy = s.policy;
-        let argv = vec!["/opt/py/bin/python".into(), "-c".into(), BOOTSTRAP.into()];
+        // -P: the working directory (the workspace) is not put first on sys.path, so
+        // a file there (`json.py`, `threading.py`) cannot replace a module kernel.py
+        // imports; kernel.py adds the workspace for the user's code after its imports.
+        let argv = vec!["/opt/py/bin/python".into(), "-P".into(), "-c".into(), BOOTSTRAP.into()];
         let run = isolate::Run {
             id: format!("kernel-{}", s.session_id),
             spec: crate::run::sandbox_spec(s.rootfs, Some(s.workspace), s.uid, policy, argv, None),
@@ -359,20 +375,29 @@ impl Kernel {
             });
             queue
         });
-        let sent = serde_json::to_vec(&Sent { cell, nonce: &nonce });
-        let written = match sent {
-            Ok(mut line) => {
-                line.push(b'\n');
-                self.writer.write_all(&line).await.is_ok()
-            }
-            Err(_) => false,
-        };
-        if !written {
-            return self.died(state, false, false, None).await;
-        }
-        let mut interrupted = false;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
+        // The cell goes out under the same deadline and stop as its answer: a kernel
+        // that stopped reading (user code can make it) leaves the line in a full
+        // socket buffer, and the write must not outlast the cell's time limit, a
+        // cancel, the session's close or the daemon's shutdown.
+        let mut line = match serde_json::to_vec(&Sent { cell, nonce: &nonce }) {
+            Ok(line) => line,
+            Err(_) => return self.died(state, false, false, None).await,
+        };
+        line.push(b'\n');
+        let written = tokio::select! {
+            r = self.writer.write_all(&line) => if r.is_ok() { Written::Yes } else { Written::Failed },
+            _ = &mut deadline => Written::TimedOut,
+            _ = stop.changed() => Written::Stopped,
+        };
+        match written {
+            Written::Yes => {}
+            Written::Failed => return self.died(state, false, false, None).await,
+            Written::TimedOut => return self.died(state, true, false, None).await,
+            Written::Stopped => return self.died(state, false, true, None).await,
+        }
+        let mut interrupted = false;
         loop {
             tokio::select! {
                 line = self.reader.next::<KernelMessage>() => {

@@ -233,7 +233,7 @@ pub async fn execute(
         output_limit: policy.output_bytes(),
     };
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
-    tracing::debug!(run_id = %run_id, code = %req.code, "run code");
+    tracing::debug!(run_id = %run_id, code = ?req.code, "run code");
     let pooled = match req.language {
         Language::Python => ctx.pool.take(&policy.name).await,
         Language::Shell => None,
@@ -369,7 +369,7 @@ async fn execute_cell(
     let existing = lease_kernel(ctx, lease).await?;
     let snapshot = snapshot(lease).await?;
     tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
-    tracing::debug!(run_id = %run_id, code = %req.code, "cell code");
+    tracing::debug!(run_id = %run_id, code = ?req.code, "cell code");
     let cell = kernel::CellRequest {
         code: req.code.clone(),
         run_id: run_id.clone(),

@@ -38,6 +38,10 @@ use std::time::{Duration, SystemTime};
 
 /// Most directory entries looked at in one walk; a bigger workspace is walked partly.
 pub const MAX_WALK: usize = 200_000;
+/// Most bytes of file paths one walk reports in all: a listing's size follows the
+/// paths' (a name of control bytes grows sixfold in JSON), and sandboxed code
+/// chooses them (hard links cost no space), so the walk stops there too.
+pub const MAX_WALK_PATH_BYTES: usize = 4 * 1024 * 1024;
 /// Deepest directory a walk descends into (it holds one fd per level).
 pub const MAX_DEPTH: usize = 64;
 /// Largest file hashed.
@@ -321,7 +325,8 @@ impl Found<'_> {
 /// How a walk ended.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Walked {
-    /// Entries were left out: more than [`MAX_WALK`], or deeper than [`MAX_DEPTH`].
+    /// Entries were left out: more than [`MAX_WALK`], paths longer than
+    /// [`MAX_WALK_PATH_BYTES`] in all, or deeper than [`MAX_DEPTH`].
     pub partial: bool,
 }
 
@@ -451,7 +456,7 @@ impl Workspace {
     pub fn walk(&self, mut visit: impl FnMut(&Found)) -> Result<Walked, Error> {
         let _as = Identity::assume(self.uid)?;
         let root = self.root.try_clone().map_err(|e| Error::Io(".".into(), e))?;
-        let mut state = WalkState { seen: 0, partial: false };
+        let mut state = WalkState { seen: 0, path_bytes: 0, partial: false };
         walk_dir(root, &mut PathBuf::new(), 0, &mut state, &mut visit);
         Ok(Walked { partial: state.partial })
     }
@@ -467,6 +472,7 @@ impl Workspace {
 
 struct WalkState {
     seen: usize,
+    path_bytes: usize,
     partial: bool,
 }
 
@@ -489,10 +495,18 @@ fn walk_dir(fd: OwnedFd, rel: &mut PathBuf, depth: usize, state: &mut WalkState,
         names.push(name.to_owned());
     }
     for name in names {
+        if state.path_bytes > MAX_WALK_PATH_BYTES {
+            break;
+        }
         rel.push(OsStr::from_bytes(name.to_bytes()));
         match nix::sys::stat::fstatat(&dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if is(&st, libc::S_IFREG) => {
-                visit(&Found { dir: dir.as_fd(), name: &name, path: rel, stat: Stat::of(&st) });
+                state.path_bytes += rel.as_os_str().len();
+                if state.path_bytes > MAX_WALK_PATH_BYTES {
+                    state.partial = true;
+                } else {
+                    visit(&Found { dir: dir.as_fd(), name: &name, path: rel, stat: Stat::of(&st) });
+                }
             }
             Ok(st) if is(&st, libc::S_IFDIR) => {
                 if depth + 1 >= MAX_DEPTH {
@@ -583,6 +597,24 @@ mod tests {
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing made outside");
         ws.create(Path::new("real/b/c/x.txt"), false).unwrap();
         assert!(dir.path().join("real/b/c/x.txt").is_file());
+    }
+
+    #[test]
+    fn a_walk_stops_at_its_path_budget_and_says_it_is_partial() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("b"), b"x").unwrap();
+        // Hard links with 250-byte names: more path bytes than one walk reports.
+        let long = "n".repeat(245);
+        let count = MAX_WALK_PATH_BYTES / 250 + 100;
+        for i in 0..count {
+            std::fs::hard_link(dir.path().join("b"), dir.path().join(format!("{long}{i:05}"))).unwrap();
+        }
+        let ws = Workspace::open(dir.path(), me()).unwrap();
+        let (files, walked) = ws.files().unwrap();
+        assert!(walked.partial);
+        let bytes: usize = files.iter().map(|(p, _)| p.as_os_str().len()).sum();
+        assert!(bytes <= MAX_WALK_PATH_BYTES && files.len() < count + 1, "{} files, {bytes} bytes", files.len());
+        assert!(files.len() > count - 200, "the walk reports up to its budget: {}", files.len());
     }
 
     #[test]

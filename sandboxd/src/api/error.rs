@@ -18,6 +18,8 @@ pub enum Code {
     SessionNotFound,
     NotFound,
     FileExists,
+    /// A file the session's code holds a lease or lock on.
+    FileBusy,
     SessionExists,
     SessionBusy,
     CodeTooLarge,
@@ -44,7 +46,7 @@ impl Code {
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             SessionNotFound | NotFound => StatusCode::NOT_FOUND,
-            FileExists | SessionExists | SessionBusy => StatusCode::CONFLICT,
+            FileExists | FileBusy | SessionExists | SessionBusy => StatusCode::CONFLICT,
             CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             MaxSessions | MaxRuns => StatusCode::TOO_MANY_REQUESTS,
             Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -66,6 +68,7 @@ impl Code {
             SessionNotFound => "session_not_found",
             NotFound => "not_found",
             FileExists => "file_exists",
+            FileBusy => "file_busy",
             SessionExists => "session_exists",
             SessionBusy => "session_busy",
             CodeTooLarge => "code_too_large",
@@ -93,7 +96,8 @@ impl ApiError {
 
     /// An internal failure: logged in full, reported without host details.
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %err, "{context}");
+        // The context may hold names sandboxed code chose: escaped, one line.
+        tracing::error!(error = %err.to_string().escape_debug(), "{}", context.escape_debug());
         ApiError::new(
             Code::Internal,
             format!(

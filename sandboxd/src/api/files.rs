@@ -23,6 +23,9 @@ pub struct FileEntry {
     pub url: String,
 }
 
+/// The listing's header that says whether it is the workspace's first part only.
+pub const LISTING_PARTIAL: &str = "sandboxd-listing-partial";
+
 #[derive(Deserialize, Default)]
 pub struct UploadQuery {
     #[serde(default)]
@@ -50,7 +53,13 @@ impl From<workspace::Error> for ApiError {
                     format!("{p}: the session's workspace quota is full: delete files first"),
                 )
             }
-            workspace::Error::Io(p, e) => ApiError::internal(&format!("file operation on {p}"), e),
+            // A lease or lock the sandbox's code holds on the file (F_SETLEASE makes
+            // the daemon's non-blocking open fail): the file is busy, not broken.
+            workspace::Error::Io(p, e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => ApiError::new(
+                Code::FileBusy,
+                format!("{p:?} is held by a lease or lock from the session's code: retry once the code lets go of it"),
+            ),
+            workspace::Error::Io(p, e) => ApiError::internal(&format!("file operation on {p:?}"), e),
         }
     }
 }
@@ -79,29 +88,35 @@ fn open_workspace(
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", params(("id" = String, Path)),
-    responses((status = 200, body = Vec<FileEntry>), (status = "4XX", body = super::error::ErrorBody)))]
+    responses((status = 200, body = Vec<FileEntry>,
+        headers(("sandboxd-listing-partial" = String, description = "present when the workspace holds more than one listing reports (200,000 entries, 4 MiB of paths, 64 levels): what is listed is the first part, by path"))),
+        (status = "4XX", body = super::error::ErrorBody)))]
 pub async fn list(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<Json<Vec<FileEntry>>, ApiError> {
+) -> Result<([(header::HeaderName, &'static str); 1], Json<Vec<FileEntry>>), ApiError> {
     let info = state.sessions.get(&id, caller.owner.as_deref())?;
     let root = state.sessions.workspace_of(&id, caller.owner.as_deref())?;
-    let (files, _) = tokio::task::spawn_blocking(move || Workspace::open(&root, info.uid)?.files())
+    let (files, walked) = tokio::task::spawn_blocking(move || Workspace::open(&root, info.uid)?.files())
         .await
         .map_err(|e| ApiError::internal("listing files", e))??;
     let base = &state.ctx.public_url;
-    Ok(Json(
-        files
-            .into_iter()
-            .map(|(path, stat)| FileEntry {
-                url: format!("{base}/v1/sessions/{id}/files/{}", artifacts::url_path(&path)),
-                mime_type: artifacts::mime_type(&path),
-                size_bytes: stat.size,
-                modified_at: crate::session::rfc3339(stat.modified()),
-                path: path.to_string_lossy().into_owned(),
-            })
-            .collect(),
+    let partial = [(header::HeaderName::from_static(LISTING_PARTIAL), if walked.partial { "true" } else { "false" })];
+    Ok((
+        partial,
+        Json(
+            files
+                .into_iter()
+                .map(|(path, stat)| FileEntry {
+                    url: format!("{base}/v1/sessions/{id}/files/{}", artifacts::url_path(&path)),
+                    mime_type: artifacts::mime_type(&path),
+                    size_bytes: stat.size,
+                    modified_at: crate::session::rfc3339(stat.modified()),
+                    path: path.to_string_lossy().into_owned(),
+                })
+                .collect(),
+        ),
     ))
 }
 
