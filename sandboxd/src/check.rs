@@ -233,18 +233,9 @@ pub fn user_namespaces(
 pub fn cgroups(mountinfo: &str, v2_controllers: Option<&str>) -> Item {
     const NAME: &str = "cgroups";
     const NEEDED: [&str; 3] = ["memory", "cpu", "pids"];
-    let mounts: Vec<(String, Vec<String>)> = mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (_, right) = line.split_once(" - ")?;
-            let mut r = right.split(' ');
-            let fstype = r.next()?.to_string();
-            let _source = r.next();
-            let opts = r.next().unwrap_or("").split(',').map(str::to_string).collect();
-            Some((fstype, opts))
-        })
-        .collect();
-    let has_v2 = mounts.iter().any(|(t, _)| t == "cgroup2");
+    let mounts = crate::mountinfo::parse(mountinfo);
+    let has_v1 = |c: &str| mounts.iter().any(|m| m.fstype == "cgroup" && m.has_super_option(c));
+    let has_v2 = mounts.iter().any(|m| m.fstype == "cgroup2");
     if has_v2 {
         let have: Vec<&str> = v2_controllers.unwrap_or("").split_whitespace().collect();
         let missing: Vec<&str> = NEEDED.iter().copied().filter(|c| !have.contains(c)).collect();
@@ -254,7 +245,7 @@ pub fn cgroups(mountinfo: &str, v2_controllers: Option<&str>) -> Item {
         let v1_missing: Vec<&str> = NEEDED
             .iter()
             .copied()
-            .filter(|c| !mounts.iter().any(|(t, o)| t == "cgroup" && o.iter().any(|x| x == c)))
+            .filter(|c| !has_v1(c))
             .collect();
         if v1_missing.is_empty() {
             return Item::new(
@@ -274,7 +265,7 @@ pub fn cgroups(mountinfo: &str, v2_controllers: Option<&str>) -> Item {
     let v1_missing: Vec<&str> = NEEDED
         .iter()
         .copied()
-        .filter(|c| !mounts.iter().any(|(t, o)| t == "cgroup" && o.iter().any(|x| x == c)))
+        .filter(|c| !has_v1(c))
         .collect();
     if v1_missing.is_empty() {
         Item::new(
@@ -411,11 +402,9 @@ impl Facts {
     /// Read the host. Cheap: a few small files and one statvfs.
     pub fn gather(state_dir: &Path, tarball: &Path) -> Facts {
         let release = read("/proc/sys/kernel/osrelease").map(|r| r.trim().to_string()).unwrap_or_default();
-        let mountinfo = read("/proc/self/mountinfo").unwrap_or_default();
-        let v2_root = mountinfo.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            right.starts_with("cgroup2 ").then(|| left.split(' ').nth(4).map(PathBuf::from))?
-        });
+        let mountinfo = read(crate::mountinfo::SELF).unwrap_or_default();
+        let v2_root =
+            crate::mountinfo::parse(&mountinfo).into_iter().find(|m| m.fstype == "cgroup2").map(|m| m.mount_point);
         let v2_controllers = v2_root.and_then(|r| read(r.join("cgroup.controllers")));
         let stat_dir = existing_ancestor(state_dir);
         // The field types of statvfs differ between targets (u64 here, u32 on some).
