@@ -475,17 +475,20 @@ pub fn remember(state_dir: &Path, tarball: &Path) {
 /// `GET /v1/check`: the host check, as the daemon sees the host now.
 #[utoipa::path(get, path = "/v1/check", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
 pub async fn route() -> axum::Json<Report> {
+    axum::Json(now().await)
+}
+
+/// The host check as the daemon sees the host now (inputs from [`remember`]).
+pub async fn now() -> Report {
     let (state_dir, tarball) = INPUTS.get().cloned().unwrap_or_default();
-    let report =
-        tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report()).await.unwrap_or_else(|e| {
+    tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report()).await.unwrap_or_else(|e| {
             Report::new(vec![Item::new(
                 "check",
                 Status::Fail,
                 format!("the check did not finish: {e}"),
                 "see the daemon's log",
             )])
-        });
-    axum::Json(report)
+        })
 }
 
 #[cfg(test)]
