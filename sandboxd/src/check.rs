@@ -242,11 +242,7 @@ pub fn cgroups(mountinfo: &str, v2_controllers: Option<&str>) -> Item {
         if missing.is_empty() {
             return Item::ok(NAME, format!("v2, controllers {}", have.join(" ")));
         }
-        let v1_missing: Vec<&str> = NEEDED
-            .iter()
-            .copied()
-            .filter(|c| !has_v1(c))
-            .collect();
+        let v1_missing: Vec<&str> = NEEDED.iter().copied().filter(|c| !has_v1(c)).collect();
         if v1_missing.is_empty() {
             return Item::new(
                 NAME,
@@ -262,11 +258,7 @@ pub fn cgroups(mountinfo: &str, v2_controllers: Option<&str>) -> Item {
             "enable them (cgroup_enable=memory on the kernel command line for memory), or run sandboxd as the systemd service (Delegate=yes)",
         );
     }
-    let v1_missing: Vec<&str> = NEEDED
-        .iter()
-        .copied()
-        .filter(|c| !has_v1(c))
-        .collect();
+    let v1_missing: Vec<&str> = NEEDED.iter().copied().filter(|c| !has_v1(c)).collect();
     if v1_missing.is_empty() {
         Item::new(
             NAME,
@@ -482,13 +474,13 @@ pub async fn route() -> axum::Json<Report> {
 pub async fn now() -> Report {
     let (state_dir, tarball) = INPUTS.get().cloned().unwrap_or_default();
     tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report()).await.unwrap_or_else(|e| {
-            Report::new(vec![Item::new(
-                "check",
-                Status::Fail,
-                format!("the check did not finish: {e}"),
-                "see the daemon's log",
-            )])
-        })
+        Report::new(vec![Item::new(
+            "check",
+            Status::Fail,
+            format!("the check did not finish: {e}"),
+            "see the daemon's log",
+        )])
+    })
 }
 
 #[cfg(test)]

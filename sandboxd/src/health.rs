@@ -47,7 +47,12 @@ pub struct Facts {
 
 impl Facts {
     /// Read what is cheap to read here; `host` is the host check's report now.
-    pub fn gather(rootfs: &Path, cgroups: &Cgroups, pool_start_errors: BTreeMap<String, String>, host: check::Report) -> Facts {
+    pub fn gather(
+        rootfs: &Path,
+        cgroups: &Cgroups,
+        pool_start_errors: BTreeMap<String, String>,
+        host: check::Report,
+    ) -> Facts {
         Facts {
             rootfs: rootfs.to_path_buf(),
             rootfs_mounted: crate::mountinfo::is_mount_point(&crate::mountinfo::read_self(), rootfs),
@@ -71,7 +76,10 @@ impl Facts {
         } else if !self.rootfs_manifest {
             out.push(problem(
                 "rootfs",
-                format!("{} has no opt/sandboxd/manifest.json: the mounted tree is not a sandboxd rootfs", self.rootfs.display()),
+                format!(
+                    "{} has no opt/sandboxd/manifest.json: the mounted tree is not a sandboxd rootfs",
+                    self.rootfs.display()
+                ),
                 "restart sandboxd so it mounts its rootfs image again",
             ));
         }
@@ -91,7 +99,11 @@ impl Facts {
             ));
         }
         for item in self.host.iter().filter(|i| i.status == check::Status::Fail) {
-            out.push(Problem { name: format!("host: {}", item.name), found: item.found.clone(), fix: item.fix.clone() });
+            out.push(Problem {
+                name: format!("host: {}", item.name),
+                found: item.found.clone(),
+                fix: item.fix.clone(),
+            });
         }
         out
     }

@@ -127,7 +127,9 @@ mod tests {
 
     #[test]
     fn optional_fields_may_be_absent_or_many() {
-        let m = parse("1 0 0:1 / /a rw - tmpfs none rw\n2 0 0:2 / /b rw shared:3 master:4 propagate_from:5 - tmpfs none rw\n");
+        let m = parse(
+            "1 0 0:1 / /a rw - tmpfs none rw\n2 0 0:2 / /b rw shared:3 master:4 propagate_from:5 - tmpfs none rw\n",
+        );
         assert_eq!(m.iter().map(|m| m.mount_point.clone()).collect::<Vec<_>>(), [PathBuf::from("/a"), "/b".into()]);
         assert!(m.iter().all(|m| m.fstype == "tmpfs"));
     }

@@ -2,8 +2,8 @@
 //! run has one directory in each; the controller-less cgroup2 hierarchy of a
 //! hybrid host, when mounted, adds a fourth that gives `cgroup.kill`.
 
-use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, Version};
 use super::CPU_PERIOD_US;
+use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, Version};
 use crate::mountinfo::Mount;
 use std::fs;
 use std::path::PathBuf;
@@ -145,7 +145,9 @@ mod tests {
             tree.mkdir(d);
         }
         tree.put("memory/user.slice/sandboxd/memory.use_hierarchy", "0\n");
-        let own = parse_proc_cgroup("12:pids:/user.slice/s\n5:memory:/user.slice\n3:cpu,cpuacct:/user.slice\n0::/user.slice/s\n");
+        let own = parse_proc_cgroup(
+            "12:pids:/user.slice/s\n5:memory:/user.slice\n3:cpu,cpuacct:/user.slice\n0::/user.slice/s\n",
+        );
         Cgroups::detect_in(&mountinfo::parse(&table), &own, "sandboxd").unwrap()
     }
 
@@ -154,10 +156,15 @@ mod tests {
         let tree = Tree::new();
         let cg = host(&tree, true);
         assert_eq!(cg.version(), Version::V1);
-        let bases: Vec<PathBuf> = ["cpu,cpuacct/user.slice/sandboxd", "memory/user.slice/sandboxd", "pids/user.slice/s/sandboxd", "unified/user.slice/s/sandboxd"]
-            .iter()
-            .map(|r| tree.path(r))
-            .collect();
+        let bases: Vec<PathBuf> = [
+            "cpu,cpuacct/user.slice/sandboxd",
+            "memory/user.slice/sandboxd",
+            "pids/user.slice/s/sandboxd",
+            "unified/user.slice/s/sandboxd",
+        ]
+        .iter()
+        .map(|r| tree.path(r))
+        .collect();
         assert_eq!(cg.bases(), bases);
         assert!(bases.iter().all(|b| b.is_dir()));
         assert!(cg.describe().starts_with("cgroup v1 (memory "), "{}", cg.describe());

@@ -1,7 +1,7 @@
 //! cgroup v2: one hierarchy, one directory per run, `cgroup.kill` always there.
 
-use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, Version};
 use super::CPU_PERIOD_US;
+use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, Version};
 use crate::mountinfo::Mount;
 use std::fs;
 use std::path::{Path, PathBuf};
