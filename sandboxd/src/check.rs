@@ -233,29 +233,16 @@ pub fn user_namespaces(
 pub fn cgroups(mountinfo: &str, v2_controllers: Option<&str>) -> Item {
     const NAME: &str = "cgroups";
     const NEEDED: [&str; 3] = ["memory", "cpu", "pids"];
-    let mounts: Vec<(String, Vec<String>)> = mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (_, right) = line.split_once(" - ")?;
-            let mut r = right.split(' ');
-            let fstype = r.next()?.to_string();
-            let _source = r.next();
-            let opts = r.next().unwrap_or("").split(',').map(str::to_string).collect();
-            Some((fstype, opts))
-        })
-        .collect();
-    let has_v2 = mounts.iter().any(|(t, _)| t == "cgroup2");
+    let mounts = crate::mountinfo::parse(mountinfo);
+    let has_v1 = |c: &str| mounts.iter().any(|m| m.fstype == "cgroup" && m.has_super_option(c));
+    let has_v2 = mounts.iter().any(|m| m.fstype == "cgroup2");
     if has_v2 {
         let have: Vec<&str> = v2_controllers.unwrap_or("").split_whitespace().collect();
         let missing: Vec<&str> = NEEDED.iter().copied().filter(|c| !have.contains(c)).collect();
         if missing.is_empty() {
             return Item::ok(NAME, format!("v2, controllers {}", have.join(" ")));
         }
-        let v1_missing: Vec<&str> = NEEDED
-            .iter()
-            .copied()
-            .filter(|c| !mounts.iter().any(|(t, o)| t == "cgroup" && o.iter().any(|x| x == c)))
-            .collect();
+        let v1_missing: Vec<&str> = NEEDED.iter().copied().filter(|c| !has_v1(c)).collect();
         if v1_missing.is_empty() {
             return Item::new(
                 NAME,
@@ -271,11 +258,7 @@ pub fn cgroups(mountinfo: &str, v2_controllers: Option<&str>) -> Item {
             "enable them (cgroup_enable=memory on the kernel command line for memory), or run sandboxd as the systemd service (Delegate=yes)",
         );
     }
-    let v1_missing: Vec<&str> = NEEDED
-        .iter()
-        .copied()
-        .filter(|c| !mounts.iter().any(|(t, o)| t == "cgroup" && o.iter().any(|x| x == c)))
-        .collect();
+    let v1_missing: Vec<&str> = NEEDED.iter().copied().filter(|c| !has_v1(c)).collect();
     if v1_missing.is_empty() {
         Item::new(
             NAME,
@@ -411,11 +394,9 @@ impl Facts {
     /// Read the host. Cheap: a few small files and one statvfs.
     pub fn gather(state_dir: &Path, tarball: &Path) -> Facts {
         let release = read("/proc/sys/kernel/osrelease").map(|r| r.trim().to_string()).unwrap_or_default();
-        let mountinfo = read("/proc/self/mountinfo").unwrap_or_default();
-        let v2_root = mountinfo.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            right.starts_with("cgroup2 ").then(|| left.split(' ').nth(4).map(PathBuf::from))?
-        });
+        let mountinfo = read(crate::mountinfo::SELF).unwrap_or_default();
+        let v2_root =
+            crate::mountinfo::parse(&mountinfo).into_iter().find(|m| m.fstype == "cgroup2").map(|m| m.mount_point);
         let v2_controllers = v2_root.and_then(|r| read(r.join("cgroup.controllers")));
         let stat_dir = existing_ancestor(state_dir);
         // The field types of statvfs differ between targets (u64 here, u32 on some).
@@ -486,17 +467,20 @@ pub fn remember(state_dir: &Path, tarball: &Path) {
 /// `GET /v1/check`: the host check, as the daemon sees the host now.
 #[utoipa::path(get, path = "/v1/check", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
 pub async fn route() -> axum::Json<Report> {
+    axum::Json(now().await)
+}
+
+/// The host check as the daemon sees the host now (inputs from [`remember`]).
+pub async fn now() -> Report {
     let (state_dir, tarball) = INPUTS.get().cloned().unwrap_or_default();
-    let report =
-        tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report()).await.unwrap_or_else(|e| {
-            Report::new(vec![Item::new(
-                "check",
-                Status::Fail,
-                format!("the check did not finish: {e}"),
-                "see the daemon's log",
-            )])
-        });
-    axum::Json(report)
+    tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report()).await.unwrap_or_else(|e| {
+        Report::new(vec![Item::new(
+            "check",
+            Status::Fail,
+            format!("the check did not finish: {e}"),
+            "see the daemon's log",
+        )])
+    })
 }
 
 #[cfg(test)]

@@ -22,11 +22,34 @@ pub enum Error {
     NoDefault(PathBuf),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Network {
-    /// Own network namespace with only `lo`; TCP bind and connect denied.
-    None,
+/// A sandbox has no network: its own network namespace with only `lo`, TCP bind
+/// and connect denied by Landlock. Not a choice today, so nothing to hold; a
+/// policy file may still say `network = "none"` (the only value accepted), and the
+/// policy is shown with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NoNetwork;
+
+impl NoNetwork {
+    const VALUE: &'static str = "none";
+}
+
+impl Serialize for NoNetwork {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(Self::VALUE)
+    }
+}
+
+impl<'de> Deserialize<'de> for NoNetwork {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(d)?;
+        if value == Self::VALUE {
+            Ok(NoNetwork)
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "network is {value:?}; allowed: \"none\" (sandboxes have no network)"
+            )))
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -49,7 +72,8 @@ pub struct Policy {
     pub workspace_mb: u64,
     pub file_size_mb: u64,
     pub open_files: u64,
-    pub network: Network,
+    #[schema(value_type = String, example = "none")]
+    pub network: NoNetwork,
     pub autosave_figures: bool,
     pub max_artifacts: usize,
     /// Modules a pooled sandbox imports before its run arrives.
@@ -79,7 +103,7 @@ impl Default for Policy {
             workspace_mb: 1024,
             file_size_mb: 1024,
             open_files: 1024,
-            network: Network::None,
+            network: NoNetwork,
             autosave_figures: true,
             max_artifacts: 100,
             preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
@@ -225,6 +249,16 @@ mod tests {
         assert!(err.contains("`cpus`"), "{err}");
         let err = p("network = \"host\"").unwrap_err().to_string();
         assert!(err.contains("none"), "{err}");
+    }
+
+    #[test]
+    fn network_none_is_read_and_shown_as_before() {
+        assert_eq!(p("network = \"none\"").unwrap(), Policy { name: "t".into(), ..Policy::default() });
+        let err = p("network = \"host\"").unwrap_err().to_string();
+        assert!(err.contains(r#"network is "host"; allowed: "none""#), "{err}");
+        assert!(p("network = 1").is_err());
+        let shown = serde_json::to_value(Policy::default()).unwrap();
+        assert_eq!(shown["network"], "none");
     }
 
     #[test]

@@ -97,6 +97,8 @@ struct State {
     hits: u64,
     misses: u64,
     failures: u64,
+    /// Per policy, why its last template failed to start (cleared by one that starts).
+    start_errors: BTreeMap<String, String>,
     next_uid: u32,
     stopped: bool,
 }
@@ -353,6 +355,11 @@ impl Pool {
         }
     }
 
+    /// The policies whose last template failed to start, and why (for `GET /v1/health`).
+    pub fn start_errors(&self) -> BTreeMap<String, String> {
+        self.lock().start_errors.clone()
+    }
+
     /// Stop refilling and destroy every ready sandbox (daemon shutdown).
     pub async fn shutdown(&self) {
         self.lock().stopped = true;
@@ -395,6 +402,7 @@ impl Pool {
                     backoff = Duration::from_secs(1);
                     let unwanted = {
                         let mut st = self.lock();
+                        st.start_errors.remove(&policy.name);
                         if st.stopped {
                             Some(p)
                         } else {
@@ -409,7 +417,11 @@ impl Pool {
                 }
                 Err(_) if self.stop.is_cancelled() => return,
                 Err(e) => {
-                    self.lock().failures += 1;
+                    {
+                        let mut st = self.lock();
+                        st.failures += 1;
+                        st.start_errors.insert(policy.name.clone(), e.clone());
+                    }
                     tracing::warn!(policy = %policy.name, error = %e, retry_in_s = backoff.as_secs(), "could not start a pooled sandbox");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}

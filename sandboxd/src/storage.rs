@@ -31,9 +31,7 @@ async fn run(cmd: &mut Command, what: &str) -> io::Result<()> {
 
 /// Is `path` a mount point (listed in our mount table)?
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let wanted = path.to_string_lossy();
-    table.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| m.replace("\\040", " ") == wanted))
+    crate::mountinfo::is_mount_point(&crate::mountinfo::read_self(), path)
 }
 
 /// Make the image, its filesystem (root owned by `uid`), and mount it.
@@ -118,11 +116,9 @@ pub async fn unmount(session_dir: &Path) -> io::Result<()> {
 
 /// Every workspace mount below `sessions_dir` (what an earlier instance may have left).
 pub fn mounted_below(sessions_dir: &Path) -> Vec<PathBuf> {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return vec![] };
-    table
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+    crate::mountinfo::read_self()
+        .into_iter()
+        .map(|m| m.mount_point)
         .filter(|p| p.starts_with(sessions_dir) && p.file_name() == Some(std::ffi::OsStr::new(DATA)))
         .collect()
 }

@@ -189,15 +189,14 @@ fn open_file<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path, flags: OFlag, mode: u32
 /// no supplementary groups) until dropped. Per thread: it must not cross an
 /// `.await`, which is why it is neither `Send` nor held by anything async.
 struct Identity {
-    restore: Option<(u32, u32, Vec<libc::gid_t>)>,
+    restore: Option<(u32, u32, Vec<rustix::thread::Gid>)>,
     _thread: PhantomData<*const ()>,
 }
 
-fn setgroups_thread(groups: &[libc::gid_t]) -> nix::Result<()> {
-    // SAFETY: the raw syscall (not glibc's wrapper, which changes every thread)
-    // sets this thread's supplementary groups from a valid slice of gid_t.
-    let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
-    nix::Error::result(rc).map(drop)
+/// This thread's supplementary groups (the raw syscall, not glibc's wrapper,
+/// which changes every thread's).
+fn setgroups_thread(groups: &[rustix::thread::Gid]) -> io::Result<()> {
+    rustix::thread::set_thread_groups(groups).map_err(io::Error::from)
 }
 
 impl Identity {
@@ -213,15 +212,15 @@ impl Identity {
             // Not root (a unit test): the kernel checks as our own user anyway.
             return Ok(none);
         }
-        let groups: Vec<libc::gid_t> = nix::unistd::getgroups()
+        let groups: Vec<rustix::thread::Gid> = nix::unistd::getgroups()
             .map_err(|e| Error::Io("getgroups".into(), e.into()))?
             .into_iter()
-            .map(|g| g.as_raw())
+            .map(|g| rustix::thread::Gid::from_raw_unchecked(g.as_raw()))
             .collect();
         let mut me = Identity { restore: Some((fsuid, fsgid, groups)), _thread: PhantomData };
         if let Some((_, _, groups)) = &me.restore {
             if !groups.is_empty() {
-                setgroups_thread(&[]).map_err(|e| Error::Io("setgroups".into(), e.into()))?;
+                setgroups_thread(&[]).map_err(|e| Error::Io("setgroups".into(), e))?;
             }
         }
         nix::unistd::setfsgid(nix::unistd::Gid::from_raw(uid));

@@ -138,7 +138,11 @@ async fn not_found(req: Request) -> ApiError {
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Health {
+    /// `ok`, or `degraded` when `problems` lists something.
+    #[schema(example = "ok")]
     pub status: &'static str,
+    /// What is degraded now and what to do (empty when `ok`); see [`crate::health`].
+    pub problems: Vec<crate::health::Problem>,
     pub version: &'static str,
     pub rootfs_sha256: String,
     pub cgroup: String,
@@ -149,10 +153,19 @@ pub struct Health {
     pub pool: crate::pool::Stats,
 }
 
-#[utoipa::path(get, path = "/v1/health", responses((status = 200, body = Health)))]
+#[utoipa::path(get, path = "/v1/health", responses((status = 200, body = Health, description = "`status` is `ok`, or `degraded` with `problems` naming each thing that is wrong now (the rootfs not mounted, the run cgroup directories gone, a policy's pooled sandboxes failing to start, a host check item failing) and what to do")))]
 pub async fn health(State(state): State<Shared>) -> Json<Health> {
+    let ctx = &state.ctx;
+    let facts = crate::health::Facts::gather(
+        &ctx.rootfs,
+        &ctx.sandboxes.cgroups,
+        ctx.pool.start_errors(),
+        crate::check::now().await,
+    );
+    let problems = facts.problems();
     Json(Health {
-        status: "ok",
+        status: crate::health::status(&problems),
+        problems,
         version: state.version,
         rootfs_sha256: state.rootfs_sha256.clone(),
         cgroup: state.ctx.sandboxes.cgroups.describe(),

@@ -26,7 +26,7 @@ use utoipa::OpenApi;
         super::files::remove,
         crate::check::route,
     ),
-    components(schemas(super::error::Code, crate::run::Language, crate::session::Mode))
+    components(schemas(crate::health::Problem, super::error::Code, crate::run::Language, crate::session::Mode))
 )]
 pub struct ApiDoc;
 

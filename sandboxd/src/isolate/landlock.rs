@@ -4,8 +4,8 @@
 //! the paths are the sandbox's own.
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetError, RulesetStatus, Scope, ABI,
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetError, RulesetStatus, Scope, ABI,
 };
 
 /// The newest ABI whose rights this ruleset was written and tested against.
@@ -36,19 +36,46 @@ pub enum Enforcement {
     None,
 }
 
-/// Build and apply the ruleset to the calling thread and its future children.
+/// The ruleset, as data: what it handles (everything `abi` knows, so all of it is
+/// denied unless a rule grants it) and the rules that grant something back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub handled_fs: BitFlags<AccessFs>,
+    pub handled_net: BitFlags<AccessNet>,
+    pub scopes: BitFlags<Scope>,
+    /// `(path, rights below it)`, applied in order. No network rule: TCP bind and
+    /// connect are handled and never granted.
+    pub rules: Vec<(&'static str, BitFlags<AccessFs>)>,
+}
+
+/// The ruleset for `abi`: read (and execute) everywhere, everything below
+/// [`WRITABLE`], read/write/truncate on [`WRITABLE_DEVICES`].
+pub fn plan(abi: ABI) -> Plan {
+    let mut rules = vec![("/", AccessFs::from_read(abi))];
+    rules.extend(WRITABLE.iter().map(|p| (*p, AccessFs::from_all(abi))));
+    rules.extend(WRITABLE_DEVICES.iter().map(|p| (*p, AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate)));
+    Plan {
+        handled_fs: AccessFs::from_all(abi),
+        handled_net: AccessNet::from_all(abi),
+        scopes: Scope::from_all(abi),
+        rules,
+    }
+}
+
+/// Build [`plan`]`(`[`TARGET_ABI`]`)` and apply it to the calling thread and its
+/// future children (best effort: rights an older kernel lacks are left out).
 pub fn apply() -> Result<Enforcement, Error> {
-    let abi = TARGET_ABI;
-    let status = Ruleset::default()
+    let plan = plan(TARGET_ABI);
+    let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(AccessFs::from_all(abi))?
-        .handle_access(AccessNet::from_all(abi))?
-        .scope(Scope::from_all(abi))?
-        .create()?
-        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))?
-        .add_rules(path_beneath_rules(WRITABLE, AccessFs::from_all(abi)))?
-        .add_rules(path_beneath_rules(WRITABLE_DEVICES, AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate))?
-        .restrict_self()?;
+        .handle_access(plan.handled_fs)?
+        .handle_access(plan.handled_net)?
+        .scope(plan.scopes)?
+        .create()?;
+    for (path, access) in plan.rules {
+        ruleset = ruleset.add_rules(path_beneath_rules([path], access))?;
+    }
+    let status = ruleset.restrict_self()?;
     Ok(match status.ruleset {
         RulesetStatus::FullyEnforced => Enforcement::Full,
         RulesetStatus::PartiallyEnforced => Enforcement::Partial,
@@ -69,4 +96,57 @@ pub fn kernel_abi() -> i32 {
         ) as i32
     }
     .max(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_denies_what_it_does_not_grant() {
+        let p = plan(TARGET_ABI);
+        assert_eq!(p.handled_fs, AccessFs::from_all(TARGET_ABI));
+        // Network: both TCP rights handled, no rule grants either.
+        assert_eq!(p.handled_net, AccessNet::BindTcp | AccessNet::ConnectTcp);
+        assert_eq!(p.scopes, Scope::AbstractUnixSocket | Scope::Signal);
+        let paths: Vec<&str> = p.rules.iter().map(|(path, _)| *path).collect();
+        assert_eq!(paths, ["/", "/mnt", "/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full"]);
+    }
+
+    #[test]
+    fn the_root_is_read_only_and_only_the_writable_places_get_more() {
+        let p = plan(TARGET_ABI);
+        let root = p.rules[0].1;
+        assert_eq!(root, AccessFs::Execute | AccessFs::ReadFile | AccessFs::ReadDir);
+        let write = AccessFs::WriteFile
+            | AccessFs::RemoveDir
+            | AccessFs::RemoveFile
+            | AccessFs::MakeReg
+            | AccessFs::MakeSym
+            | AccessFs::MakeDir
+            | AccessFs::MakeChar
+            | AccessFs::MakeBlock
+            | AccessFs::MakeSock
+            | AccessFs::MakeFifo
+            | AccessFs::Refer
+            | AccessFs::Truncate
+            | AccessFs::IoctlDev;
+        assert!(!root.intersects(write));
+        for (path, access) in &p.rules[1..4] {
+            assert_eq!(*access, AccessFs::from_all(TARGET_ABI), "{path}");
+        }
+        for (path, access) in &p.rules[4..] {
+            assert_eq!(*access, AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate, "{path}");
+            // Devices: no making, removing, renaming or ioctl.
+            assert!(!access.intersects(AccessFs::IoctlDev | AccessFs::Refer | AccessFs::RemoveFile), "{path}");
+        }
+    }
+
+    #[test]
+    fn an_older_abi_handles_fewer_rights() {
+        let v1 = plan(ABI::V1);
+        assert!(v1.handled_net.is_empty() && v1.scopes.is_empty());
+        assert!(!v1.handled_fs.contains(AccessFs::Truncate) && !v1.handled_fs.contains(AccessFs::Refer));
+        assert_eq!(v1.rules.len(), plan(TARGET_ABI).rules.len());
+    }
 }

@@ -10,7 +10,7 @@
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -175,26 +175,12 @@ pub fn attach_workspace(
     host_ns: BorrowedFd,
 ) -> Result<(), Error> {
     let data = Path::new("/mnt/data");
-    let path = std::ffi::CString::new(workspace.as_os_str().as_encoded_bytes()).map_err(|_| Error {
-        op: "open_tree",
-        path: workspace.into(),
-        source: nix::Error::EINVAL,
-    })?;
-    // SAFETY: open_tree reads the NUL-terminated path, which outlives the call, and
-    // returns a new fd or -1.
-    let tree = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
-        )
-    };
-    if tree < 0 {
-        return Err(err("open_tree", workspace)(nix::Error::last()));
-    }
-    // SAFETY: open_tree returned this fd just now; nothing else owns it.
-    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let tree = rustix::mount::open_tree(
+        rustix::fs::CWD,
+        workspace,
+        rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| err("open_tree", workspace)(nix::Error::from_raw(e.raw_os_error())))?;
     let attr = libc::mount_attr {
         attr_set: libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_IDMAP,
         attr_clr: 0,
@@ -217,18 +203,14 @@ pub fn attach_workspace(
         return Err(err("mount_setattr (idmap, nosuid, nodev)", workspace)(nix::Error::last()));
     }
     nix::sched::setns(sandbox_ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(err("setns", data))?;
-    // SAFETY: move_mount reads the two NUL-terminated paths, alive for the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            c"/mnt/data".as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    let moved = if rc < 0 { Err(err("move_mount", data)(nix::Error::last())) } else { Ok(()) };
+    let moved = rustix::mount::move_mount(
+        &tree,
+        c"",
+        rustix::fs::CWD,
+        data,
+        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| err("move_mount", data)(nix::Error::from_raw(e.raw_os_error())));
     nix::sched::setns(host_ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(err("setns back", Path::new("/")))?;
     moved
 }

@@ -129,12 +129,10 @@ pub unsafe fn idmap_userns(uid: (u32, u32), gid: (u32, u32)) -> Result<std::os::
     match rc {
         -1 => return Err(Error::Clone(nix::Error::last())),
         0 => loop {
-            // SAFETY: prctl and pause are async-signal-safe; the child dies with its
+            // Both are single syscalls (async-signal-safe): the child dies with its
             // parent and otherwise sleeps until the parent kills it.
-            unsafe {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                libc::pause();
-            }
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+            nix::unistd::pause();
         },
         _ => {}
     }

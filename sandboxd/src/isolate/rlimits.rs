@@ -20,3 +20,22 @@ pub fn plan(limits: &Rlimits) -> Vec<(Resource, u64)> {
         (Resource::RLIMIT_MEMLOCK, 64 * 1024),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_sets_the_policy_and_forbids_cores_and_locked_memory() {
+        let t = plan(&Rlimits { file_size_bytes: 5 << 20, open_files: 64 });
+        assert_eq!(
+            t,
+            vec![
+                (Resource::RLIMIT_FSIZE, 5 << 20),
+                (Resource::RLIMIT_NOFILE, 64),
+                (Resource::RLIMIT_CORE, 0),
+                (Resource::RLIMIT_MEMLOCK, 64 * 1024),
+            ]
+        );
+    }
+}
