@@ -124,3 +124,68 @@ impl IntoResponse for ApiError {
         (self.code.status(), axum::Json(self.body())).into_response()
     }
 }
+
+/// The one mapping from the service's errors to HTTP answers (status and code).
+/// Internal failures are logged in full here and answered without host details.
+impl From<crate::service::Error> for ApiError {
+    fn from(e: crate::service::Error) -> Self {
+        use crate::service::Error as S;
+        match e {
+            S::Session(e) => session_error(e),
+            S::Run(e) => run_error(e),
+            S::Workspace(e) => workspace_error(e),
+            S::InvalidRequest(m) => ApiError::new(Code::InvalidRequest, m),
+            e @ S::UploadTooLarge { .. } => ApiError::new(Code::UploadTooLarge, e.to_string()),
+            e @ S::FileTooLarge { .. } => ApiError::new(Code::ArtifactTooLarge, e.to_string()),
+            e @ S::ShuttingDown => ApiError::new(Code::Unavailable, e.to_string()),
+            S::Internal { context, error } => ApiError::internal(&context, error),
+        }
+    }
+}
+
+fn session_error(e: crate::session::Error) -> ApiError {
+    use crate::session::Error as E;
+    let code = match &e {
+        E::InvalidId(_) => Code::InvalidSessionId,
+        E::PolicyNotFound { .. } => Code::PolicyNotFound,
+        E::NotFound(_) => Code::SessionNotFound,
+        E::Exists(_) => Code::SessionExists,
+        E::Busy(_) => Code::SessionBusy,
+        E::InvalidTtl => Code::InvalidRequest,
+        E::TokenMaxSessions(_) | E::MaxSessions(_) => Code::MaxSessions,
+        E::TokenMaxRuns(_) => Code::MaxRuns,
+        E::Workspace(io) => return ApiError::internal("creating the session workspace", io),
+    };
+    ApiError::new(code, e.to_string())
+}
+
+fn run_error(e: crate::run::Error) -> ApiError {
+    use crate::run::Error as E;
+    match e {
+        e @ E::CodeTooLarge { .. } => ApiError::new(Code::CodeTooLarge, e.to_string()),
+        e @ (E::NulByte | E::Timeout { .. }) => ApiError::new(Code::InvalidRequest, e.to_string()),
+        E::Internal { context, error } => ApiError::internal(&context, error),
+    }
+}
+
+fn workspace_error(e: crate::workspace::Error) -> ApiError {
+    use crate::workspace::Error as E;
+    match e {
+        E::InvalidPath(m) => ApiError::new(Code::InvalidPath, m),
+        E::NotFound(p) => ApiError::new(
+            Code::NotFound,
+            format!("no file {p:?} in this session: list them with GET /v1/sessions/ID/files"),
+        ),
+        e @ E::Exists(_) => ApiError::new(Code::FileExists, e.to_string()),
+        e @ (E::NotRegular(_) | E::Link(_) | E::NotDir(_) | E::Denied(_)) => {
+            ApiError::new(Code::InvalidPath, e.to_string())
+        }
+        E::Io(p, e) if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) => {
+            ApiError::new(
+                Code::UploadTooLarge,
+                format!("{p}: the session's workspace quota is full: delete files first"),
+            )
+        }
+        E::Io(p, e) => ApiError::internal(&format!("file operation on {p}"), e),
+    }
+}
