@@ -167,7 +167,9 @@ fn failure(e: Failure) -> CallToolResult {
                 "invalid_session_id" => " Next: pass a session_id exactly as create_session or a run returned it.",
                 _ => "",
             };
-            format!("error {code}: {message}.{hint}").replace("..", ".")
+            // One period after the message, which is quoted as is (an id like
+            // `../x` stays what the caller sent).
+            format!("error {code}: {}.{hint}", message.trim_end_matches('.'))
         }
         Failure::TooLarge(limit) => format!("error artifact_too_large: the file is larger than {limit} bytes"),
         Failure::Unavailable(m) => format!("error unavailable: {m}"),
