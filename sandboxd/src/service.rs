@@ -382,3 +382,42 @@ impl Upload {
         let _ = ws.remove(&rel);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the API serves is what the typed client reads back.
+    #[test]
+    fn answers_read_back_as_the_typed_structs() {
+        let policy = Policy { name: "default".into(), timeout_s: 17, ..Policy::default() };
+        let limits: PolicyLimits = serde_json::from_value(serde_json::to_value(&policy).unwrap()).unwrap();
+        assert_eq!(limits, PolicyLimits::from(&policy));
+        assert_eq!(limits.timeout_s, 17);
+
+        let info = SessionInfo {
+            id: "s".into(),
+            mode: Mode::Kernel,
+            policy: "default".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_used_at: "2026-01-01T00:00:00Z".into(),
+            ttl_s: 5,
+            owner: None,
+            uid: 7,
+            busy: true,
+        };
+        let back: SessionInfo = serde_json::from_value(serde_json::to_value(&info).unwrap()).unwrap();
+        assert!(back.busy && back.mode == Mode::Kernel && back.uid == 7);
+
+        // A client's request passes the daemon's `deny_unknown_fields`, absent fields left out.
+        let req = RunRequest { code: "1".into(), timeout_s: Some(2.5), ..RunRequest::default() };
+        let sent = serde_json::to_value(&req).unwrap();
+        assert_eq!(sent, serde_json::json!({"code": "1", "language": "python", "timeout_s": 2.5}));
+        let got: RunRequest = serde_json::from_value(sent).unwrap();
+        assert_eq!(got.timeout_s, Some(2.5));
+        let sent = serde_json::to_value(CreateSession { mode: Some(Mode::Script), ..Default::default() }).unwrap();
+        assert_eq!(sent, serde_json::json!({"mode": "script"}));
+
+        assert_eq!(serde_json::to_value(Done::status("closed")).unwrap(), serde_json::json!({"status": "closed"}));
+    }
+}

@@ -189,3 +189,55 @@ fn workspace_error(e: crate::workspace::Error) -> ApiError {
         E::Io(p, e) => ApiError::internal(&format!("file operation on {p}"), e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::Error as S;
+    use crate::{run, session, workspace};
+
+    fn answer(e: S) -> (u16, &'static str) {
+        let e = ApiError::from(e);
+        (e.code.status().as_u16(), e.code.as_str())
+    }
+
+    /// The one mapping: each module's error becomes the HTTP answer the API has always given.
+    #[test]
+    fn service_errors_map_to_their_http_answers() {
+        let cases: Vec<(S, (u16, &str))> = vec![
+            (session::Error::InvalidId("a b".into()).into(), (400, "invalid_session_id")),
+            (session::Error::PolicyNotFound { name: "x".into(), known: vec![] }.into(), (400, "policy_not_found")),
+            (session::Error::NotFound("s".into()).into(), (404, "session_not_found")),
+            (session::Error::Exists("s".into()).into(), (409, "session_exists")),
+            (session::Error::Busy("s".into()).into(), (409, "session_busy")),
+            (session::Error::InvalidTtl.into(), (400, "invalid_request")),
+            (session::Error::TokenMaxSessions(1).into(), (429, "max_sessions")),
+            (session::Error::MaxSessions(1).into(), (429, "max_sessions")),
+            (session::Error::TokenMaxRuns(1).into(), (429, "max_runs")),
+            (session::Error::Workspace(std::io::Error::other("x")).into(), (500, "internal")),
+            (run::Error::CodeTooLarge { len: 2, policy: "p".into(), max: 1 }.into(), (413, "code_too_large")),
+            (run::Error::NulByte.into(), (400, "invalid_request")),
+            (run::Error::Timeout { given: 0.0, policy: "p".into(), max: 1 }.into(), (400, "invalid_request")),
+            (run::Error::Internal { context: "c".into(), error: "e".into() }.into(), (500, "internal")),
+            (workspace::Error::InvalidPath("p".into()).into(), (400, "invalid_path")),
+            (workspace::Error::NotFound("p".into()).into(), (404, "not_found")),
+            (workspace::Error::Exists("p".into()).into(), (409, "file_exists")),
+            (
+                workspace::Error::Io("p".into(), std::io::Error::from_raw_os_error(libc::ENOSPC)).into(),
+                (413, "upload_too_large"),
+            ),
+            (S::InvalidRequest("x".into()), (400, "invalid_request")),
+            (S::UploadTooLarge { limit: 1 << 20 }, (413, "upload_too_large")),
+            (S::FileTooLarge { path: "p".into(), limit: 1 }, (413, "artifact_too_large")),
+            (S::ShuttingDown, (503, "unavailable")),
+        ];
+        for (e, want) in cases {
+            let shown = e.to_string();
+            assert_eq!(answer(e), want, "{shown}");
+        }
+        let internal = ApiError::from(S::Internal { context: "reading x".into(), error: "/secret/path".into() });
+        assert!(!internal.message.contains("/secret/path"), "{}", internal.message);
+        let id = ApiError::from(S::from(session::Error::InvalidId("S/files/x".into())));
+        assert_eq!(id.message, "invalid session id \"S/files/x\": use 1 to 64 letters, digits, `-` or `_`");
+    }
+}
