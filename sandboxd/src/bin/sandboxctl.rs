@@ -5,6 +5,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use sandboxd::client::{Client, ClientError};
 use sandboxd::run::{Language, RunRequest, RunResult, Status};
 use sandboxd::service::CreateSession;
+use sandboxd::session::Mode;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,7 +89,7 @@ enum SessionsCommand {
         #[arg(long)]
         policy: Option<String>,
         /// script or kernel.
-        #[arg(long)]
+        #[arg(long, value_parser = ["script", "kernel"])]
         mode: Option<String>,
         #[arg(long)]
         ttl: Option<u64>,
@@ -221,11 +222,10 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
             match command {
                 SessionsCommand::Ls => {
                     for s in client.list_sessions().await? {
-                        let mode = serde_json::to_value(s.mode).ok();
                         println!(
                             "{}\t{}\t{}\t{}\t{}",
                             s.id,
-                            mode.as_ref().and_then(|m| m.as_str()).unwrap_or(""),
+                            if s.mode == Mode::Kernel { "kernel" } else { "script" },
                             s.policy,
                             s.last_used_at,
                             if s.busy { "busy" } else { "idle" }
@@ -233,10 +233,11 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                     }
                 }
                 SessionsCommand::New { id, policy, mode, ttl } => {
-                    let mode = mode
-                        .map(|m| serde_json::from_value(serde_json::Value::String(m.clone())))
-                        .transpose()
-                        .map_err(|_| ClientError::Local("--mode: use script or kernel".to_string()))?;
+                    let mode = match mode.as_deref() {
+                        Some("kernel") => Some(Mode::Kernel),
+                        Some(_) => Some(Mode::Script),
+                        None => None,
+                    };
                     let s = client.create_session(&CreateSession { id, policy, mode, ttl_s: ttl }).await?;
                     println!("{}", s.id);
                 }
