@@ -1,10 +1,16 @@
 //! A small HTTP/1 client for the daemon's API, over its Unix socket or TCP.
-//! Used by `sandboxctl`.
+//! Used by `sandboxctl` (and its stdio MCP server). Requests and answers are the
+//! service's own typed structs ([`crate::service`], [`crate::run`],
+//! [`crate::session`]), so a field the daemon renames breaks the build, not a user.
 
+use crate::run::{RunRequest, RunResult};
+use crate::service::{CreateSession, Done, FileEntry, PolicyLimits};
+use crate::session::SessionInfo;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +31,7 @@ pub enum ClientError {
 /// Most bytes read of an answer whose caller gave no limit of its own.
 const MAX_ANSWER: usize = 256 * 1024 * 1024;
 
+#[derive(Debug, Clone)]
 pub struct Client {
     socket: PathBuf,
     url: Option<String>,
@@ -94,34 +101,111 @@ impl Client {
         Ok((status, bytes))
     }
 
-    /// Send a JSON body (or none) and parse a JSON answer.
-    pub async fn json(
+    /// Send a JSON body (or none) and parse the JSON answer as `T`.
+    async fn call<T: DeserializeOwned>(
         &self,
         method: &str,
         path: &str,
-        body: Option<serde_json::Value>,
-    ) -> Result<serde_json::Value, ClientError> {
-        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        body: Option<&impl serde::Serialize>,
+    ) -> Result<T, ClientError> {
+        let body = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| ClientError::Local(format!("encoding the request: {e}")))?,
+            None => vec![],
+        };
         let (_, bytes) = self.send(method, path, body, "application/json", MAX_ANSWER).await?;
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Http(format!("unreadable answer: {e}")))
+        parse(&bytes, method, path)
     }
 
-    /// Send raw bytes and parse a JSON answer.
-    pub async fn json_raw(&self, method: &str, path: &str, body: Vec<u8>) -> Result<serde_json::Value, ClientError> {
-        let (_, bytes) = self.send(method, path, body, "application/octet-stream", MAX_ANSWER).await?;
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Http(format!("unreadable answer: {e}")))
+    pub async fn create_session(&self, req: &CreateSession) -> Result<SessionInfo, ClientError> {
+        self.call("POST", "/v1/sessions", Some(req)).await
     }
 
-    /// The raw bytes of an answer.
-    pub async fn bytes(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Bytes, ClientError> {
-        Ok(self.send(method, path, body.unwrap_or_default(), "application/octet-stream", usize::MAX).await?.1)
+    pub async fn get_session(&self, id: &str) -> Result<SessionInfo, ClientError> {
+        self.call("GET", &format!("/v1/sessions/{}", segment(id)), NO_BODY).await
     }
 
-    /// GET the raw bytes at `path`, at most `limit` of them: a larger answer is
+    pub async fn list_sessions(&self) -> Result<Vec<SessionInfo>, ClientError> {
+        self.call("GET", "/v1/sessions", NO_BODY).await
+    }
+
+    pub async fn close_session(&self, id: &str) -> Result<Done, ClientError> {
+        self.call("DELETE", &format!("/v1/sessions/{}", segment(id)), NO_BODY).await
+    }
+
+    pub async fn cancel_run(&self, id: &str) -> Result<Done, ClientError> {
+        self.call("DELETE", &format!("/v1/sessions/{}/run", segment(id)), NO_BODY).await
+    }
+
+    /// Run `req` (in `req.session_id`, or in a new session) and wait for its result.
+    pub async fn run(&self, req: &RunRequest) -> Result<RunResult, ClientError> {
+        self.call("POST", "/v1/runs", Some(req)).await
+    }
+
+    pub async fn policies(&self) -> Result<Vec<PolicyLimits>, ClientError> {
+        self.call("GET", "/v1/policies", NO_BODY).await
+    }
+
+    pub async fn list_files(&self, id: &str) -> Result<Vec<FileEntry>, ClientError> {
+        self.call("GET", &format!("/v1/sessions/{}/files", segment(id)), NO_BODY).await
+    }
+
+    /// Upload `data` to `path` in the session.
+    pub async fn upload(&self, id: &str, path: &str, overwrite: bool, data: Vec<u8>) -> Result<FileEntry, ClientError> {
+        let url = format!("{}{}", file_path(id, path), if overwrite { "?overwrite=true" } else { "" });
+        let (_, bytes) = self.send("PUT", &url, data, "application/octet-stream", MAX_ANSWER).await?;
+        parse(&bytes, "PUT", &url)
+    }
+
+    pub async fn delete_file(&self, id: &str, path: &str) -> Result<Done, ClientError> {
+        self.call("DELETE", &file_path(id, path), NO_BODY).await
+    }
+
+    /// A file's bytes, at most `limit` of them: a larger file is
     /// [`ClientError::TooLarge`], found without reading more than `limit` bytes.
-    pub async fn bytes_limited(&self, path: &str, limit: usize) -> Result<Bytes, ClientError> {
-        Ok(self.send("GET", path, vec![], "application/octet-stream", limit).await?.1)
+    pub async fn read_file(&self, id: &str, path: &str, limit: usize) -> Result<Bytes, ClientError> {
+        Ok(self.send("GET", &file_path(id, path), vec![], "application/octet-stream", limit).await?.1)
     }
+
+    /// A file's bytes, whatever its size.
+    pub async fn download(&self, id: &str, path: &str) -> Result<Bytes, ClientError> {
+        self.read_file(id, path, usize::MAX).await
+    }
+
+    /// `GET /v1/health`, as the daemon answers it.
+    pub async fn health(&self) -> Result<serde_json::Value, ClientError> {
+        self.call("GET", "/v1/health", NO_BODY).await
+    }
+
+    /// `GET /v1/check`: the host's requirements.
+    pub async fn check(&self) -> Result<crate::check::Report, ClientError> {
+        self.call("GET", "/v1/check", NO_BODY).await
+    }
+}
+
+const NO_BODY: Option<&()> = None;
+
+fn parse<T: DeserializeOwned>(bytes: &[u8], method: &str, path: &str) -> Result<T, ClientError> {
+    serde_json::from_slice(bytes).map_err(|e| ClientError::Http(format!("unreadable answer from {method} {path}: {e}")))
+}
+
+/// One path segment, percent-encoded whole: a session id never reaches another
+/// route, whatever it holds (`S/files/x` is the id `S/files/x`, which the daemon
+/// refuses as invalid).
+fn segment(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The URL path of `path` in session `id`.
+fn file_path(id: &str, path: &str) -> String {
+    format!("/v1/sessions/{}/files/{}", segment(id), crate::artifacts::url_path(std::path::Path::new(path)))
 }
 
 async fn handshake<S>(stream: S) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError>
@@ -133,4 +217,18 @@ where
         .map_err(|e| ClientError::Http(e.to_string()))?;
     tokio::spawn(conn);
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_id_is_one_path_segment_whatever_it_holds() {
+        assert_eq!(segment("abc-_9"), "abc-_9");
+        assert_eq!(segment("S/files/x"), "S%2Ffiles%2Fx");
+        assert_eq!(segment("../x"), "%2E%2E%2Fx");
+        assert_eq!(segment("a b"), "a%20b");
+        assert_eq!(file_path("S/x", "d/a b.txt"), "/v1/sessions/S%2Fx/files/d/a%20b.txt");
+    }
 }

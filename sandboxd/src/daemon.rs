@@ -15,7 +15,6 @@ use crate::run::Context;
 use crate::session::Manager;
 use crate::{policy, rootfs};
 use std::os::unix::fs::PermissionsExt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -112,21 +111,21 @@ async fn serve(config: Config) -> Result<(), Error> {
         config.uid_base.saturating_add(config.max_sessions as u32),
     );
     let sessions = Arc::new(sessions);
-    let state = Arc::new(AppState {
+    let ctx = Context {
+        sandboxes: sandboxes.clone(),
+        pool: pool.clone(),
         sessions: sessions.clone(),
-        ctx: Context {
-            sandboxes: sandboxes.clone(),
-            pool: pool.clone(),
-            sessions,
-            rootfs: rootfs.path.clone(),
-            public_url: config.public_url.clone(),
-        },
+        rootfs: rootfs.path.clone(),
+        public_url: config.public_url.clone(),
+    };
+    let state = Arc::new(AppState {
+        service: crate::service::Service::new(sessions.clone(), ctx.clone()),
+        sessions,
+        ctx,
         token_hashes: config.tokens.iter().map(|t| api::token_hash(t)).collect(),
         version: env!("CARGO_PKG_VERSION"),
         rootfs_sha256: rootfs.sha256.clone(),
         landlock_abi: abi,
-        draining: AtomicBool::new(false),
-        socket: config.socket.clone(),
         shutdown: tokio_util::sync::CancellationToken::new(),
     });
 
@@ -165,7 +164,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     wait_for_signal().await;
     tracing::info!(grace_s = config.shutdown_grace_s, running = state.sessions.busy_count(), "shutting down");
     notify_systemd("STOPPING=1");
-    state.draining.store(true, Ordering::SeqCst);
+    state.service.drain();
     state.shutdown.cancel();
     let _ = stop_tx.send(true);
     let killer_state = state.clone();

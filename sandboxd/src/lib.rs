@@ -1,8 +1,8 @@
 //! sandboxd: runs untrusted, LLM-generated Python natively on Linux, in fresh
 //! namespaces under cgroup limits, Landlock and seccomp, and serves the results.
 //!
-//! Reading order for one request: [`api`] (routes, auth, errors) → [`run`] (one
-//! run from request to result) → [`isolate`] (the sandbox itself) → back through
+//! Reading order for one request: [`api`] (routes, auth, errors, MCP tools) →
+//! [`service`] (the typed operations) → [`run`] (one run from request to result) → [`isolate`] (the sandbox itself) → back through
 //! [`artifacts`] to the result. [`daemon`] starts and stops it all.
 
 pub mod api;
@@ -14,12 +14,14 @@ pub mod daemon;
 pub mod health;
 pub mod isolate;
 pub mod kernel;
-pub mod mcp;
+/// The MCP tools live with the other surfaces, in `api/`.
+pub use api::mcp;
 pub mod mountinfo;
 pub mod policy;
 pub mod pool;
 pub mod rootfs;
 pub mod run;
+pub mod service;
 pub mod session;
 pub mod storage;
 pub mod workspace;

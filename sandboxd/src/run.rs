@@ -2,7 +2,6 @@
 //! policy, snapshot the workspace, run the program in a fresh sandbox
 //! ([`crate::isolate`]), find the artifacts and shape the result.
 
-use crate::api::error::{ApiError, Code};
 use crate::artifacts::{self, Snapshot};
 use crate::isolate::{self, cgroup, output::Chunk, spec};
 use crate::kernel;
@@ -14,6 +13,27 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// Why a run could not be made; the API edge maps each to its HTTP answer. A
+/// program that fails is not an error: it is a [`RunResult`] with its status.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("code is {len} bytes; policy {policy:?} allows {max} — upload large data as a file (PUT /v1/sessions/ID/files/PATH) and read it from the code")]
+    CodeTooLarge { len: usize, policy: String, max: usize },
+    #[error("code contains a NUL byte: remove it")]
+    NulByte,
+    #[error("timeout_s is {given}; policy {policy:?} allows more than 0 and at most {max} seconds")]
+    Timeout { given: f64, policy: String, max: u64 },
+    /// A host failure while making or running the sandbox; `context` names the step.
+    #[error("{context}: {error}")]
+    Internal { context: String, error: String },
+}
+
+impl Error {
+    fn internal(context: impl Into<String>, error: impl std::fmt::Display) -> Error {
+        Error::Internal { context: context.into(), error: error.to_string() }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
@@ -22,29 +42,30 @@ pub enum Language {
     Shell,
 }
 
-/// The body of `POST /v1/runs` and `POST /v1/sessions/{id}/runs`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+/// The body of `POST /v1/runs` and `POST /v1/sessions/{id}/runs` (absent fields
+/// are left out when a client sends one).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// Python source (or a shell command with `language: "shell"`).
     pub code: String,
     /// Run in this session; without it a new session is made and returned.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     #[serde(default)]
     pub language: Language,
     /// Wall-clock limit in seconds, at most the policy's.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
     /// Policy for a new session (an existing session keeps its own).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
     /// Save open matplotlib figures (default: the policy's setting).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autosave_figures: Option<bool>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     Ok,
@@ -54,14 +75,14 @@ pub enum Status {
     Killed,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ArtifactKind {
     File,
     Figure,
 }
 
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Artifact {
     pub path: String,
     pub size_bytes: u64,
@@ -71,7 +92,7 @@ pub struct Artifact {
 }
 
 /// A run's result: also the answer when the program failed (HTTP 200).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunResult {
     pub run_id: String,
     pub session_id: String,
@@ -92,7 +113,7 @@ pub struct RunResult {
 }
 
 /// What kernel sessions add to a run result.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KernelFields {
     /// The final expression's value: `{"text/plain": ..., "text/html": ...}`, or null.
     pub result: Option<serde_json::Value>,
@@ -103,6 +124,7 @@ pub struct KernelFields {
 }
 
 /// What every run needs from the daemon.
+#[derive(Clone)]
 pub struct Context {
     pub sandboxes: std::sync::Arc<isolate::Sandboxes>,
     /// Sandboxes made ahead of one-shot Python runs.
@@ -174,26 +196,17 @@ pub fn cgroup_limits(policy: &Policy) -> cgroup::Limits {
 }
 
 /// Check what can be checked before a sandbox is made.
-pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, ApiError> {
+pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, Error> {
     if req.code.len() > policy.code_bytes() {
-        return Err(ApiError::new(
-            Code::CodeTooLarge,
-            format!("code is {} bytes; policy {:?} allows {} — upload large data as a file (PUT /v1/sessions/ID/files/PATH) and read it from the code", req.code.len(), policy.name, policy.code_bytes()),
-        ));
+        return Err(Error::CodeTooLarge { len: req.code.len(), policy: policy.name.clone(), max: policy.code_bytes() });
     }
     if req.code.contains('\0') {
-        return Err(ApiError::new(Code::InvalidRequest, "code contains a NUL byte: remove it"));
+        return Err(Error::NulByte);
     }
     match req.timeout_s {
         None => Ok(Duration::from_secs(policy.timeout_s)),
         Some(t) if t > 0.0 && t <= policy.timeout_s as f64 => Ok(Duration::from_secs_f64(t)),
-        Some(t) => Err(ApiError::new(
-            Code::InvalidRequest,
-            format!(
-                "timeout_s is {t}; policy {:?} allows more than 0 and at most {} seconds",
-                policy.name, policy.timeout_s
-            ),
-        )),
+        Some(t) => Err(Error::Timeout { given: t, policy: policy.name.clone(), max: policy.timeout_s }),
     }
 }
 
@@ -203,7 +216,7 @@ pub async fn execute(
     lease: &Lease,
     req: &RunRequest,
     chunks: Option<mpsc::Sender<Chunk>>,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, Error> {
     if lease.mode == crate::session::Mode::Kernel && req.language == Language::Python {
         return execute_cell(ctx, lease, req, chunks).await;
     }
@@ -260,8 +273,8 @@ pub async fn execute(
         None => ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await,
     };
     let outcome = outcome.map_err(|e| match e {
-        isolate::Error::Setup { step, error } => ApiError::internal(&format!("building the sandbox ({step})"), error),
-        other => ApiError::internal("running the sandbox", other),
+        isolate::Error::Setup { step, error } => Error::internal(format!("building the sandbox ({step})"), error),
+        other => Error::internal("running the sandbox", other),
     })?;
 
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
@@ -309,14 +322,14 @@ async fn find_artifacts(
     lease: &Lease,
     snapshot: Snapshot,
     run_id: &str,
-) -> Result<(Vec<Artifact>, bool), ApiError> {
+) -> Result<(Vec<Artifact>, bool), Error> {
     let (dir, uid) = (lease.workspace.clone(), lease.uid);
     let changed = tokio::task::spawn_blocking(move || {
         crate::workspace::Workspace::open(&dir, uid).and_then(|ws| snapshot.changed(&ws))
     })
     .await
-    .map_err(|e| ApiError::internal("finding artifacts", e))?
-    .map_err(|e| ApiError::internal("finding artifacts", e))?;
+    .map_err(|e| Error::internal("finding artifacts", e))?
+    .map_err(|e| Error::internal("finding artifacts", e))?;
     let figure_prefix = format!("figure-{}-", &run_id[..8]);
     let max = lease.policy.max_artifacts;
     let truncated = changed.len() > max;
@@ -347,12 +360,12 @@ async fn find_artifacts(
     Ok((list, truncated))
 }
 
-async fn snapshot(lease: &Lease) -> Result<Snapshot, ApiError> {
+async fn snapshot(lease: &Lease) -> Result<Snapshot, Error> {
     let (dir, uid) = (lease.workspace.clone(), lease.uid);
     tokio::task::spawn_blocking(move || crate::workspace::Workspace::open(&dir, uid).and_then(|ws| Snapshot::take(&ws)))
         .await
-        .map_err(|e| ApiError::internal("snapshotting the workspace", e))?
-        .map_err(|e| ApiError::internal("snapshotting the workspace", e))
+        .map_err(|e| Error::internal("snapshotting the workspace", e))?
+        .map_err(|e| Error::internal("snapshotting the workspace", e))
 }
 
 /// A Python run in a kernel session: a cell in the session's live interpreter.
@@ -361,7 +374,7 @@ async fn execute_cell(
     lease: &Lease,
     req: &RunRequest,
     chunks: Option<mpsc::Sender<Chunk>>,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, Error> {
     let policy = &lease.policy;
     let timeout = validate(req, policy)?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
@@ -458,7 +471,7 @@ async fn execute_cell(
 }
 
 /// The session's kernel, started now if it has none (or its last one died).
-async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, ApiError> {
+async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Error> {
     let existing = ctx.kernels().lock().await.remove(&lease.id);
     match existing {
         Some(k) => Ok(k),
@@ -473,7 +486,7 @@ async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Ap
             },
         )
         .await
-        .map_err(|e| ApiError::internal("starting the session's kernel", e)),
+        .map_err(|e| Error::internal("starting the session's kernel", e)),
     }
 }
 

@@ -13,7 +13,6 @@
 //! token (the operator) sees and addresses sessions by key; a token's caller by id.
 //! Each token also has quotas: sessions held, and runs going at once.
 
-use crate::api::error::{ApiError, Code};
 use crate::policy::Policy;
 use crate::storage;
 use serde::{Deserialize, Serialize};
@@ -23,6 +22,32 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{watch, Notify};
+
+/// What can go wrong with a session; the API edge maps each to its HTTP answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid session id {0:?}: use 1 to 64 letters, digits, `-` or `_`")]
+    InvalidId(String),
+    #[error("no policy named {name:?}; known policies: {}", known.join(", "))]
+    PolicyNotFound { name: String, known: Vec<String> },
+    #[error("no session {0:?}: it was closed, expired or never made; create one with POST /v1/sessions")]
+    NotFound(String),
+    #[error("session {0:?} already exists: use it, close it first, or pick another id")]
+    Exists(String),
+    #[error("session {0:?} is running code: wait for that run to finish, or use another session")]
+    Busy(String),
+    #[error("ttl_s must be from 1 to 2592000 seconds")]
+    InvalidTtl,
+    #[error("this token already holds its maximum of {0} sessions (token_max_sessions): close one (DELETE /v1/sessions/ID) or wait for idle ones to expire")]
+    TokenMaxSessions(usize),
+    #[error("the daemon already holds its maximum of {0} sessions: close one (DELETE /v1/sessions/ID) or wait for idle ones to expire")]
+    MaxSessions(usize),
+    #[error("this token already has its maximum of {0} runs going at once (token_max_runs): wait for one to finish, or cancel one (DELETE /v1/sessions/ID/run), then retry")]
+    TokenMaxRuns(usize),
+    /// The session's workspace could not be made (a host failure, not the caller's).
+    #[error("creating the session workspace: {0}")]
+    Workspace(std::io::Error),
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -50,7 +75,8 @@ pub struct SessionInfo {
     #[serde(default)]
     #[schema(ignore)]
     pub uid: u32,
-    #[serde(skip_deserializing, default)]
+    /// Always stored as false: only the live state says a session is busy.
+    #[serde(default)]
     pub busy: bool,
 }
 
@@ -111,12 +137,9 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 /// Session ids: `^[A-Za-z0-9_-]{1,64}$`.
-pub fn validate_id(id: &str) -> Result<(), ApiError> {
+pub fn validate_id(id: &str) -> Result<(), Error> {
     if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
-        return Err(ApiError::new(
-            Code::InvalidSessionId,
-            format!("invalid session id {id:?}: use 1 to 64 letters, digits, `-` or `_`"),
-        ));
+        return Err(Error::InvalidId(id.to_string()));
     }
     Ok(())
 }
@@ -132,7 +155,7 @@ fn tenant(owner: &str) -> &str {
 
 /// The key of session `id` as addressed by `owner`: a token's caller addresses its
 /// own id space; a caller without a token addresses keys (`id`, or `tenant.id`).
-pub fn key(id: &str, owner: Option<&str>) -> Result<String, ApiError> {
+pub fn key(id: &str, owner: Option<&str>) -> Result<String, Error> {
     match owner {
         Some(o) => {
             validate_id(id)?;
@@ -209,14 +232,11 @@ impl Manager {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, ApiError> {
+    pub fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, Error> {
         let name = name.unwrap_or("default");
-        self.policies.get(name).cloned().ok_or_else(|| {
-            let known: Vec<&str> = self.policies.keys().map(String::as_str).collect();
-            ApiError::new(
-                Code::PolicyNotFound,
-                format!("no policy named {name:?}; known policies: {}", known.join(", ")),
-            )
+        self.policies.get(name).cloned().ok_or_else(|| Error::PolicyNotFound {
+            name: name.to_string(),
+            known: self.policies.keys().cloned().collect(),
         })
     }
 
@@ -234,7 +254,7 @@ impl Manager {
     }
 
     /// The workspace of session `id` as `owner` addresses it, if `owner` sees it.
-    pub fn workspace_of(&self, id: &str, owner: Option<&str>) -> Result<PathBuf, ApiError> {
+    pub fn workspace_of(&self, id: &str, owner: Option<&str>) -> Result<PathBuf, Error> {
         let key = key(id, owner)?;
         match self.lock().get(&key) {
             Some(live) if Self::visible(live, owner) => Ok(self.workspace(&key)),
@@ -267,11 +287,8 @@ impl Manager {
         }
     }
 
-    fn not_found(id: &str) -> ApiError {
-        ApiError::new(
-            Code::SessionNotFound,
-            format!("no session {id:?}: it was closed, expired or never made; create one with POST /v1/sessions"),
-        )
+    fn not_found(id: &str) -> Error {
+        Error::NotFound(id.to_string())
     }
 
     /// Make a new session. `owner` is the caller's token identity, if any.
@@ -282,7 +299,7 @@ impl Manager {
         mode: Mode,
         ttl_s: Option<u64>,
         owner: Option<&str>,
-    ) -> Result<SessionInfo, ApiError> {
+    ) -> Result<SessionInfo, Error> {
         let policy = self.policy(policy)?;
         // Caller-chosen ids are plain ids in every space: none names another tenant's.
         let id = match id {
@@ -295,7 +312,7 @@ impl Manager {
         let key = key(&id, owner)?;
         if let Some(ttl) = ttl_s {
             if ttl == 0 || ttl > 30 * 86400 {
-                return Err(ApiError::new(Code::InvalidRequest, "ttl_s must be from 1 to 2592000 seconds"));
+                return Err(Error::InvalidTtl);
             }
         }
         let info = self.reserve(&key, &id, &policy, mode, ttl_s, owner)?;
@@ -311,7 +328,7 @@ impl Manager {
             let _ = std::fs::remove_dir_all(&dir);
             self.lock().remove(&key);
             self.idle.notify_waiters();
-            return Err(ApiError::internal("creating the session workspace", e));
+            return Err(Error::Workspace(e));
         }
         if let Some(live) = self.lock().get_mut(&key) {
             live.busy = false;
@@ -330,28 +347,19 @@ impl Manager {
         mode: Mode,
         ttl_s: Option<u64>,
         owner: Option<&str>,
-    ) -> Result<SessionInfo, ApiError> {
+    ) -> Result<SessionInfo, Error> {
         let mut map = self.lock();
         if map.contains_key(key) {
-            return Err(ApiError::new(
-                Code::SessionExists,
-                format!("session {id:?} already exists: use it, close it first, or pick another id"),
-            ));
+            return Err(Error::Exists(id.to_string()));
         }
         if let Some(o) = owner {
             let held = map.values().filter(|l| l.info.owner.as_deref() == Some(o)).count();
             if held >= self.token_max_sessions {
-                return Err(ApiError::new(
-                    Code::MaxSessions,
-                    format!("this token already holds its maximum of {} sessions (token_max_sessions): close one (DELETE /v1/sessions/ID) or wait for idle ones to expire", self.token_max_sessions),
-                ));
+                return Err(Error::TokenMaxSessions(self.token_max_sessions));
             }
         }
         if map.len() >= self.max_sessions {
-            return Err(ApiError::new(
-                Code::MaxSessions,
-                format!("the daemon already holds its maximum of {} sessions: close one (DELETE /v1/sessions/ID) or wait for idle ones to expire", self.max_sessions),
-            ));
+            return Err(Error::MaxSessions(self.max_sessions));
         }
         let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
         let uid = (0..u32::MAX - self.uid_base)
@@ -375,7 +383,7 @@ impl Manager {
         Ok(info)
     }
 
-    pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, ApiError> {
+    pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, Error> {
         let key = key(id, owner)?;
         let map = self.lock();
         match map.get(&key) {
@@ -397,7 +405,7 @@ impl Manager {
     }
 
     /// Take the session for one run; `session_busy` at once if a run holds it.
-    pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, ApiError> {
+    pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, Error> {
         let key = key(id, owner)?;
         let mut map = self.lock();
         match map.get(&key) {
@@ -405,10 +413,7 @@ impl Manager {
             _ => return Err(Self::not_found(id)),
         }
         if map.get(&key).is_some_and(|l| l.busy) {
-            return Err(ApiError::new(
-                Code::SessionBusy,
-                format!("session {id:?} is running code: wait for that run to finish, or use another session"),
-            ));
+            return Err(Error::Busy(id.to_string()));
         }
         self.check_runs(&map, owner)?;
         let Some(live) = map.get_mut(&key) else { return Err(Self::not_found(id)) };
@@ -429,25 +434,22 @@ impl Manager {
     }
 
     /// A token's runs going at once must stay below its quota.
-    fn check_runs(&self, map: &HashMap<String, Live>, owner: Option<&str>) -> Result<(), ApiError> {
+    fn check_runs(&self, map: &HashMap<String, Live>, owner: Option<&str>) -> Result<(), Error> {
         let Some(o) = owner else { return Ok(()) };
         let running = map.values().filter(|l| l.cancel.is_some() && l.info.owner.as_deref() == Some(o)).count();
         if running >= self.token_max_runs {
-            return Err(ApiError::new(
-                Code::MaxRuns,
-                format!("this token already has its maximum of {} runs going at once (token_max_runs): wait for one to finish, or cancel one (DELETE /v1/sessions/ID/run), then retry", self.token_max_runs),
-            ));
+            return Err(Error::TokenMaxRuns(self.token_max_runs));
         }
         Ok(())
     }
 
     /// `max_runs` if `owner` could not start another run now.
-    pub fn check_run_quota(&self, owner: Option<&str>) -> Result<(), ApiError> {
+    pub fn check_run_quota(&self, owner: Option<&str>) -> Result<(), Error> {
         self.check_runs(&self.lock(), owner)
     }
 
     /// Close a session: kill its run, if any, and remove its files.
-    pub async fn close(&self, id: &str, owner: Option<&str>) -> Result<(), ApiError> {
+    pub async fn close(&self, id: &str, owner: Option<&str>) -> Result<(), Error> {
         let key = key(id, owner)?;
         let key = key.as_str();
         loop {
@@ -504,7 +506,7 @@ impl Manager {
     }
 
     /// Kill the run in flight in session `id`, if any. Returns whether one was.
-    pub fn cancel_run(&self, id: &str, owner: Option<&str>) -> Result<bool, ApiError> {
+    pub fn cancel_run(&self, id: &str, owner: Option<&str>) -> Result<bool, Error> {
         let key = key(id, owner)?;
         let map = self.lock();
         match map.get(&key) {
@@ -613,9 +615,18 @@ mod key_tests {
         assert_eq!(key("x", None).unwrap(), "x");
         assert_eq!(key("0123456789abcdef.x", None).unwrap(), "0123456789abcdef.x");
         // A token cannot name a key, and nobody names a malformed one.
-        assert_eq!(key("0123456789abcdef.x", Some(b)).unwrap_err().code, Code::InvalidSessionId);
-        for bad in ["0123456789ABCDEF.x", "0123.x", "0123456789abcdef.", "0123456789abcdef.x.y", "../x", ""] {
-            assert_eq!(key(bad, None).unwrap_err().code, Code::InvalidSessionId, "{bad}");
+        assert!(matches!(key("0123456789abcdef.x", Some(b)), Err(Error::InvalidId(_))));
+        for bad in [
+            "0123456789ABCDEF.x",
+            "0123.x",
+            "0123456789abcdef.",
+            "0123456789abcdef.x.y",
+            "../x",
+            "",
+            "S/files/x",
+            "a b",
+        ] {
+            assert!(matches!(key(bad, None), Err(Error::InvalidId(_))), "{bad}");
         }
     }
 }

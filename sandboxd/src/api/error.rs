@@ -128,3 +128,126 @@ impl IntoResponse for ApiError {
         (self.code.status(), axum::Json(self.body())).into_response()
     }
 }
+
+/// The one mapping from the service's errors to HTTP answers (status and code).
+/// Internal failures are logged in full here and answered without host details.
+impl From<crate::service::Error> for ApiError {
+    fn from(e: crate::service::Error) -> Self {
+        use crate::service::Error as S;
+        match e {
+            S::Session(e) => session_error(e),
+            S::Run(e) => run_error(e),
+            S::Workspace(e) => workspace_error(e),
+            S::InvalidRequest(m) => ApiError::new(Code::InvalidRequest, m),
+            e @ S::UploadTooLarge { .. } => ApiError::new(Code::UploadTooLarge, e.to_string()),
+            e @ S::FileTooLarge { .. } => ApiError::new(Code::ArtifactTooLarge, e.to_string()),
+            e @ S::ShuttingDown => ApiError::new(Code::Unavailable, e.to_string()),
+            S::Internal { context, error } => ApiError::internal(&context, error),
+        }
+    }
+}
+
+fn session_error(e: crate::session::Error) -> ApiError {
+    use crate::session::Error as E;
+    let code = match &e {
+        E::InvalidId(_) => Code::InvalidSessionId,
+        E::PolicyNotFound { .. } => Code::PolicyNotFound,
+        E::NotFound(_) => Code::SessionNotFound,
+        E::Exists(_) => Code::SessionExists,
+        E::Busy(_) => Code::SessionBusy,
+        E::InvalidTtl => Code::InvalidRequest,
+        E::TokenMaxSessions(_) | E::MaxSessions(_) => Code::MaxSessions,
+        E::TokenMaxRuns(_) => Code::MaxRuns,
+        E::Workspace(io) => return ApiError::internal("creating the session workspace", io),
+    };
+    ApiError::new(code, e.to_string())
+}
+
+fn run_error(e: crate::run::Error) -> ApiError {
+    use crate::run::Error as E;
+    match e {
+        e @ E::CodeTooLarge { .. } => ApiError::new(Code::CodeTooLarge, e.to_string()),
+        e @ (E::NulByte | E::Timeout { .. }) => ApiError::new(Code::InvalidRequest, e.to_string()),
+        E::Internal { context, error } => ApiError::internal(&context, error),
+    }
+}
+
+fn workspace_error(e: crate::workspace::Error) -> ApiError {
+    use crate::workspace::Error as E;
+    match e {
+        E::InvalidPath(m) => ApiError::new(Code::InvalidPath, m),
+        E::NotFound(p) => ApiError::new(
+            Code::NotFound,
+            format!("no file {p:?} in this session: list them with GET /v1/sessions/ID/files"),
+        ),
+        e @ E::Exists(_) => ApiError::new(Code::FileExists, e.to_string()),
+        e @ (E::NotRegular(_) | E::Link(_) | E::NotDir(_) | E::Denied(_)) => {
+            ApiError::new(Code::InvalidPath, e.to_string())
+        }
+        E::Io(p, e) if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) => {
+            ApiError::new(
+                Code::UploadTooLarge,
+                format!("{p}: the session's workspace quota is full: delete files first"),
+            )
+        }
+        // A lease or lock the sandbox's code holds on the file (F_SETLEASE makes the
+        // daemon's non-blocking open fail): the file is busy, not broken.
+        E::Io(p, e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => ApiError::new(
+            Code::FileBusy,
+            format!("{p:?} is held by a lease or lock from the session's code: retry once the code lets go of it"),
+        ),
+        E::Io(p, e) => ApiError::internal(&format!("file operation on {p:?}"), e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::Error as S;
+    use crate::{run, session, workspace};
+
+    fn answer(e: S) -> (u16, &'static str) {
+        let e = ApiError::from(e);
+        (e.code.status().as_u16(), e.code.as_str())
+    }
+
+    /// The one mapping: each module's error becomes the HTTP answer the API has always given.
+    #[test]
+    fn service_errors_map_to_their_http_answers() {
+        let cases: Vec<(S, (u16, &str))> = vec![
+            (session::Error::InvalidId("a b".into()).into(), (400, "invalid_session_id")),
+            (session::Error::PolicyNotFound { name: "x".into(), known: vec![] }.into(), (400, "policy_not_found")),
+            (session::Error::NotFound("s".into()).into(), (404, "session_not_found")),
+            (session::Error::Exists("s".into()).into(), (409, "session_exists")),
+            (session::Error::Busy("s".into()).into(), (409, "session_busy")),
+            (session::Error::InvalidTtl.into(), (400, "invalid_request")),
+            (session::Error::TokenMaxSessions(1).into(), (429, "max_sessions")),
+            (session::Error::MaxSessions(1).into(), (429, "max_sessions")),
+            (session::Error::TokenMaxRuns(1).into(), (429, "max_runs")),
+            (session::Error::Workspace(std::io::Error::other("x")).into(), (500, "internal")),
+            (run::Error::CodeTooLarge { len: 2, policy: "p".into(), max: 1 }.into(), (413, "code_too_large")),
+            (run::Error::NulByte.into(), (400, "invalid_request")),
+            (run::Error::Timeout { given: 0.0, policy: "p".into(), max: 1 }.into(), (400, "invalid_request")),
+            (run::Error::Internal { context: "c".into(), error: "e".into() }.into(), (500, "internal")),
+            (workspace::Error::InvalidPath("p".into()).into(), (400, "invalid_path")),
+            (workspace::Error::NotFound("p".into()).into(), (404, "not_found")),
+            (workspace::Error::Exists("p".into()).into(), (409, "file_exists")),
+            (
+                workspace::Error::Io("p".into(), std::io::Error::from_raw_os_error(libc::ENOSPC)).into(),
+                (413, "upload_too_large"),
+            ),
+            (S::InvalidRequest("x".into()), (400, "invalid_request")),
+            (S::UploadTooLarge { limit: 1 << 20 }, (413, "upload_too_large")),
+            (S::FileTooLarge { path: "p".into(), limit: 1 }, (413, "artifact_too_large")),
+            (S::ShuttingDown, (503, "unavailable")),
+        ];
+        for (e, want) in cases {
+            let shown = e.to_string();
+            assert_eq!(answer(e), want, "{shown}");
+        }
+        let internal = ApiError::from(S::Internal { context: "reading x".into(), error: "/secret/path".into() });
+        assert!(!internal.message.contains("/secret/path"), "{}", internal.message);
+        let id = ApiError::from(S::from(session::Error::InvalidId("S/files/x".into())));
+        assert_eq!(id.message, "invalid session id \"S/files/x\": use 1 to 64 letters, digits, `-` or `_`");
+    }
+}

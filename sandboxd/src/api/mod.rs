@@ -2,11 +2,14 @@
 //!
 //! A request's path: [`surface::guard`] refuses foreign hosts and origins and
 //! non-JSON bodies and times the body, [`auth`] decides who the caller is, a handler in [`runs`],
-//! [`sessions`] or [`files`] checks the input, and [`crate::run::execute`] runs the
-//! code through [`crate::isolate`]. Every error is an [`error::ApiError`].
+//! [`sessions`] or [`files`] reads the input and calls [`crate::service`], which
+//! runs the code through [`crate::run`] and [`crate::isolate`]. The MCP tools
+//! ([`mcp`], at `/mcp`) call the same service. Every error is an
+//! [`error::ApiError`]; the service's errors are mapped to them in `error.rs`.
 
 pub mod error;
 pub mod files;
+pub mod mcp;
 pub mod openapi;
 pub mod runs;
 pub mod sessions;
@@ -33,6 +36,8 @@ pub enum Listener {
 }
 
 pub struct AppState {
+    /// The operations every handler and MCP tool calls.
+    pub service: crate::service::Service,
     pub sessions: Arc<Manager>,
     pub ctx: Context,
     /// sha256 of each configured token, hex.
@@ -40,37 +45,30 @@ pub struct AppState {
     pub version: &'static str,
     pub rootfs_sha256: String,
     pub landlock_abi: i32,
-    /// Set at shutdown: new runs are refused with `unavailable`.
-    pub draining: std::sync::atomic::AtomicBool,
-    /// The daemon's Unix socket: the MCP tools call the API through it.
-    pub socket: std::path::PathBuf,
     /// Cancelled at shutdown: ends MCP event streams, which would hold it up.
     pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub type Shared = Arc<AppState>;
 
-/// Who is calling: `owner` is the caller's token identity; None sees everything
-/// (no tokens configured, or a Unix-socket caller without a token).
-#[derive(Debug, Clone)]
-pub struct Caller {
-    pub owner: Option<String>,
-}
+pub use crate::service::Caller;
 
 pub fn token_hash(token: &str) -> String {
     crate::rootfs::hex(&Sha256::digest(token.as_bytes()))[..32].to_string()
 }
 
-/// MCP over streamable HTTP, with the daemon's API behind it.
+/// MCP over streamable HTTP: the tools call the service in-process, as the caller
+/// the [`auth`] layer found for each request.
 fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::MethodRouter<Shared> {
     use rmcp::transport::streamable_http_server::{session::local::LocalSessionManager, StreamableHttpService};
-    let target = crate::mcp::Target { socket: state.socket.clone(), url: None, token: None };
+    let backend = mcp::Backend::Local(state.service.clone());
+    let limits = state.service.policy(None).map(|p| crate::service::PolicyLimits::from(&*p)).ok();
     let mut config = rmcp::transport::StreamableHttpServerConfig::default();
     config.cancellation_token = state.shutdown.child_token();
     // The surface guard checked Host and Origin already; rmcp checks the names again.
     config = config.with_allowed_hosts(surface.host_names());
     let service = StreamableHttpService::new(
-        move || Ok(crate::mcp::SandboxMcp::new(target.clone())),
+        move || Ok(mcp::SandboxMcp::new(backend.clone(), limits.as_ref())),
         LocalSessionManager::default().into(),
         config,
     );

@@ -3,6 +3,9 @@
 
 use clap::{CommandFactory, Parser, Subcommand};
 use sandboxd::client::{Client, ClientError};
+use sandboxd::run::{Language, RunRequest, RunResult, Status};
+use sandboxd::service::CreateSession;
+use sandboxd::session::Mode;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -86,7 +89,7 @@ enum SessionsCommand {
         #[arg(long)]
         policy: Option<String>,
         /// script or kernel.
-        #[arg(long)]
+        #[arg(long, value_parser = ["script", "kernel"])]
         mode: Option<String>,
         #[arg(long)]
         ttl: Option<u64>,
@@ -133,10 +136,9 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
+    let client = Client::new(cli.socket.clone(), cli.url.clone(), cli.token.clone());
     if let Command::Mcp = cli.command {
-        let target =
-            sandboxd::mcp::Target { socket: cli.socket.clone(), url: cli.url.clone(), token: cli.token.clone() };
-        return match runtime.block_on(serve_mcp(target)) {
+        return match runtime.block_on(serve_mcp(client)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sandboxctl mcp: {e}");
@@ -144,7 +146,6 @@ fn main() -> ExitCode {
             }
         };
     }
-    let client = Client::new(cli.socket.clone(), cli.url.clone(), cli.token.clone());
     match runtime.block_on(dispatch(&client, cli.command)) {
         Ok(code) => code,
         Err(e) => {
@@ -157,14 +158,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Put `value` into the JSON object under `key`, when there is one.
-fn set<T: Into<serde_json::Value>>(body: &mut serde_json::Value, key: &str, value: Option<T>) {
-    if let Some(v) = value {
-        body[key] = v.into();
-    }
-}
-
-fn print_json(v: &serde_json::Value) {
+fn print_json(v: &impl serde::Serialize) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
@@ -184,40 +178,41 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
         Command::Run { file, session, timeout, policy, shell, json, save, no_figures } => {
             let code = String::from_utf8(read_input(file.as_ref())?)
                 .map_err(|_| ClientError::Local("the code is not UTF-8 text".into()))?;
-            let mut body = serde_json::json!({"code": code, "language": if shell { "shell" } else { "python" }});
-            set(&mut body, "session_id", session);
-            set(&mut body, "timeout_s", timeout);
-            set(&mut body, "policy", policy);
-            set(&mut body, "autosave_figures", no_figures.then_some(false));
-            let result = client.json("POST", "/v1/runs", Some(body)).await?;
+            let req = RunRequest {
+                code,
+                session_id: session,
+                language: if shell { Language::Shell } else { Language::Python },
+                timeout_s: timeout,
+                policy,
+                autosave_figures: no_figures.then_some(false),
+            };
+            let result = client.run(&req).await?;
             if let Some(dir) = &save {
                 save_artifacts(client, &result, dir).await?;
             }
             if json {
                 print_json(&result);
             } else {
-                let out = result["stdout"].as_str().unwrap_or("");
-                let err = result["stderr"].as_str().unwrap_or("");
-                let _ = std::io::stdout().write_all(out.as_bytes());
-                let _ = std::io::stderr().write_all(err.as_bytes());
-                for (flag, name) in [("stdout_truncated", "stdout"), ("stderr_truncated", "stderr")] {
-                    if result[flag].as_bool() == Some(true) {
+                let _ = std::io::stdout().write_all(result.stdout.as_bytes());
+                let _ = std::io::stderr().write_all(result.stderr.as_bytes());
+                for (truncated, name) in [(result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")] {
+                    if truncated {
                         eprintln!("sandboxctl: {name} was truncated at the policy's output limit");
                     }
                 }
-                match result["status"].as_str() {
-                    Some("timeout") => eprintln!("sandboxctl: the run hit its time limit"),
-                    Some("oom") => eprintln!("sandboxctl: the run ran out of memory"),
-                    Some("killed") => eprintln!(
+                match result.status {
+                    Status::Timeout => eprintln!("sandboxctl: the run hit its time limit"),
+                    Status::Oom => eprintln!("sandboxctl: the run ran out of memory"),
+                    Status::Killed => eprintln!(
                         "sandboxctl: the run was killed by {}",
-                        result["signal"].as_str().unwrap_or("a signal")
+                        result.signal.as_deref().unwrap_or("a signal")
                     ),
-                    _ => {}
+                    Status::Ok | Status::Error => {}
                 }
-                if let Some(arts) = result["artifacts"].as_array().filter(|a| !a.is_empty()) {
-                    eprintln!("sandboxctl: session {} artifacts:", result["session_id"].as_str().unwrap_or(""));
-                    for a in arts {
-                        eprintln!("  {} ({} bytes)", a["path"].as_str().unwrap_or(""), a["size_bytes"]);
+                if !result.artifacts.is_empty() {
+                    eprintln!("sandboxctl: session {} artifacts:", result.session_id);
+                    for a in &result.artifacts {
+                        eprintln!("  {} ({} bytes)", a.path, a.size_bytes);
                     }
                 }
             }
@@ -226,32 +221,29 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
         Command::Sessions { command } => {
             match command {
                 SessionsCommand::Ls => {
-                    let list = client.json("GET", "/v1/sessions", None).await?;
-                    for s in list.as_array().into_iter().flatten() {
+                    for s in client.list_sessions().await? {
                         println!(
                             "{}\t{}\t{}\t{}\t{}",
-                            s["id"].as_str().unwrap_or(""),
-                            s["mode"].as_str().unwrap_or(""),
-                            s["policy"].as_str().unwrap_or(""),
-                            s["last_used_at"].as_str().unwrap_or(""),
-                            if s["busy"].as_bool() == Some(true) { "busy" } else { "idle" }
+                            s.id,
+                            if s.mode == Mode::Kernel { "kernel" } else { "script" },
+                            s.policy,
+                            s.last_used_at,
+                            if s.busy { "busy" } else { "idle" }
                         );
                     }
                 }
                 SessionsCommand::New { id, policy, mode, ttl } => {
-                    let mut body = serde_json::json!({});
-                    set(&mut body, "id", id);
-                    set(&mut body, "policy", policy);
-                    set(&mut body, "mode", mode);
-                    set(&mut body, "ttl_s", ttl);
-                    let s = client.json("POST", "/v1/sessions", Some(body)).await?;
-                    println!("{}", s["id"].as_str().unwrap_or(""));
+                    let mode = match mode.as_deref() {
+                        Some("kernel") => Some(Mode::Kernel),
+                        Some(_) => Some(Mode::Script),
+                        None => None,
+                    };
+                    let s = client.create_session(&CreateSession { id, policy, mode, ttl_s: ttl }).await?;
+                    println!("{}", s.id);
                 }
-                SessionsCommand::Show { id } => {
-                    print_json(&client.json("GET", &format!("/v1/sessions/{id}"), None).await?)
-                }
+                SessionsCommand::Show { id } => print_json(&client.get_session(&id).await?),
                 SessionsCommand::Rm { id } => {
-                    client.json("DELETE", &format!("/v1/sessions/{id}"), None).await?;
+                    client.close_session(&id).await?;
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -259,18 +251,12 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
         Command::Files { command } => {
             match command {
                 FilesCommand::Ls { session } => {
-                    let list = client.json("GET", &format!("/v1/sessions/{session}/files"), None).await?;
-                    for f in list.as_array().into_iter().flatten() {
-                        println!(
-                            "{}\t{}\t{}",
-                            f["size_bytes"],
-                            f["mime_type"].as_str().unwrap_or(""),
-                            f["path"].as_str().unwrap_or("")
-                        );
+                    for f in client.list_files(&session).await? {
+                        println!("{}\t{}\t{}", f.size_bytes, f.mime_type, f.path);
                     }
                 }
                 FilesCommand::Get { session, path, output } => {
-                    let bytes = client.bytes("GET", &file_url(&session, &path), None).await?;
+                    let bytes = client.download(&session, &path).await?;
                     match output {
                         Some(p) => std::fs::write(&p, &bytes)
                             .map_err(|e| ClientError::Local(format!("writing {}: {e}", p.display())))?,
@@ -281,25 +267,20 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                 }
                 FilesCommand::Put { session, local, path, overwrite } => {
                     let data = read_input(Some(&local))?;
-                    let url =
-                        format!("{}{}", file_url(&session, &path), if overwrite { "?overwrite=true" } else { "" });
-                    let v = client.json_raw("PUT", &url, data).await?;
-                    println!("{}", v["path"].as_str().unwrap_or(""));
+                    println!("{}", client.upload(&session, &path, overwrite, data).await?.path);
                 }
                 FilesCommand::Rm { session, path } => {
-                    client.json("DELETE", &file_url(&session, &path), None).await?;
+                    client.delete_file(&session, &path).await?;
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Health => {
-            print_json(&client.json("GET", "/v1/health", None).await?);
+            print_json(&client.health().await?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor => {
-            let v = client.json("GET", "/v1/check", None).await?;
-            let report: sandboxd::check::Report = serde_json::from_value(v)
-                .map_err(|e| ClientError::Http(format!("unreadable answer from GET /v1/check: {e}")))?;
+            let report = client.check().await?;
             print!("{}", report.render());
             Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
@@ -307,41 +288,38 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
     }
 }
 
-/// The stdio MCP server, until the client closes stdin.
-async fn serve_mcp(target: sandboxd::mcp::Target) -> Result<(), String> {
+/// The stdio MCP server, until the client closes stdin. Its tools call the daemon
+/// through `client`; their descriptions state the daemon's default policy.
+async fn serve_mcp(client: Client) -> Result<(), String> {
     use rmcp::ServiceExt;
-    let server =
-        sandboxd::mcp::SandboxMcp::new(target).serve(rmcp::transport::stdio()).await.map_err(|e| e.to_string())?;
+    let limits = client.policies().await.ok().and_then(|p| p.into_iter().find(|p| p.name == "default"));
+    let mcp = sandboxd::mcp::SandboxMcp::new(sandboxd::mcp::Backend::Remote(client), limits.as_ref());
+    let server = mcp.serve(rmcp::transport::stdio()).await.map_err(|e| e.to_string())?;
     server.waiting().await.map_err(|e| e.to_string())?;
     Ok(())
 }
 
-fn file_url(session: &str, path: &str) -> String {
-    format!("/v1/sessions/{session}/files/{}", sandboxd::artifacts::url_path(std::path::Path::new(path)))
-}
-
 /// The program's exit code; 124 for a timeout (as `timeout(1)`), 128+N for signal N.
-fn exit_code(result: &serde_json::Value) -> ExitCode {
-    if result["status"].as_str() == Some("timeout") {
+fn exit_code(result: &RunResult) -> ExitCode {
+    if result.status == Status::Timeout {
         return ExitCode::from(124);
     }
-    if let Some(code) = result["exit_code"].as_i64() {
+    if let Some(code) = result.exit_code {
         return ExitCode::from((code & 0xff) as u8);
     }
-    let sig = result["signal"]
-        .as_str()
+    let sig = result
+        .signal
+        .as_deref()
         .and_then(|s| s.parse::<nix::sys::signal::Signal>().ok())
         .map(|s| s as i32)
         .unwrap_or(9);
     ExitCode::from((128 + sig).min(255) as u8)
 }
 
-async fn save_artifacts(client: &Client, result: &serde_json::Value, dir: &std::path::Path) -> Result<(), ClientError> {
-    let session = result["session_id"].as_str().unwrap_or("");
-    for a in result["artifacts"].as_array().into_iter().flatten() {
-        let Some(path) = a["path"].as_str() else { continue };
-        let rel = sandboxd::workspace::validate(path).map_err(|e| ClientError::Local(e.to_string()))?;
-        let bytes = client.bytes("GET", &file_url(session, path), None).await?;
+async fn save_artifacts(client: &Client, result: &RunResult, dir: &std::path::Path) -> Result<(), ClientError> {
+    for a in &result.artifacts {
+        let rel = sandboxd::workspace::validate(&a.path).map_err(|e| ClientError::Local(e.to_string()))?;
+        let bytes = client.download(&result.session_id, &a.path).await?;
         let target = dir.join(rel);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)

@@ -1,0 +1,438 @@
+//! The daemon's operations, typed: what the HTTP handlers ([`crate::api`]) and the
+//! MCP tools ([`crate::api::mcp`]) call in-process, and what [`crate::client`]
+//! calls over the API, with the same request and answer structs.
+//!
+//! Each operation takes a [`Caller`] (whose token, if any) and typed input, and
+//! returns a typed answer or an [`Error`]. Nothing here knows HTTP: the API edge
+//! maps an [`Error`] to its status and error code in one place
+//! (`impl From<service::Error> for ApiError`, in `api/error.rs`).
+
+use crate::artifacts;
+use crate::isolate::output::Chunk;
+use crate::policy::Policy;
+use crate::run::{self, Context, RunRequest, RunResult};
+use crate::session::{self, Lease, Manager, Mode, SessionInfo};
+use crate::workspace::{self, Workspace};
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Who is calling: `owner` is the caller's token identity; None sees everything
+/// (no tokens configured, or a Unix-socket caller without a token).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub owner: Option<String>,
+}
+
+impl Caller {
+    fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
+}
+
+/// Why an operation was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Session(#[from] session::Error),
+    #[error(transparent)]
+    Run(#[from] run::Error),
+    #[error(transparent)]
+    Workspace(#[from] workspace::Error),
+    /// A request that contradicts itself or its session; the text says how.
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("upload is larger than the policy's {} MiB limit: split it, or compress it", limit / (1024 * 1024))]
+    UploadTooLarge { limit: u64 },
+    /// A file read whole (MCP's `read_file`) that is larger than the caller takes.
+    #[error("{path} is more than the {limit} bytes that can be read at once")]
+    FileTooLarge { path: String, limit: u64 },
+    #[error("the daemon is shutting down: retry in a moment")]
+    ShuttingDown,
+    /// A host failure; `context` names the step (the cause is logged, not shown).
+    #[error("{context}: {error}")]
+    Internal { context: String, error: String },
+}
+
+impl Error {
+    fn internal(context: &str, error: impl std::fmt::Display) -> Error {
+        Error::Internal { context: context.to_string(), error: error.to_string() }
+    }
+}
+
+/// The body of `POST /v1/sessions`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// Caller-chosen id (`^[A-Za-z0-9_-]{1,64}$`); made up when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// Idle time before the session is closed, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+}
+
+/// A file in a session's workspace.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FileEntry {
+    pub path: String,
+    pub size_bytes: u64,
+    pub mime_type: String,
+    pub modified_at: String,
+    pub url: String,
+}
+
+/// A workspace listing: the files, and whether the workspace holds more.
+#[derive(Debug)]
+pub struct Listing {
+    pub files: Vec<FileEntry>,
+    pub partial: bool,
+}
+
+/// The answer of an operation that only reports what it did:
+/// `{"status":"closed"}`, `{"status":"cancelled"|"idle"}`,
+/// `{"status":"deleted","path":...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Done {
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+impl Done {
+    fn status(status: &str) -> Done {
+        Done { status: status.to_string(), path: None }
+    }
+}
+
+/// The limits of a policy a client states to its user (e.g. in MCP tool
+/// descriptions): a subset of `GET /v1/policies`' entries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyLimits {
+    pub name: String,
+    pub timeout_s: u64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub output_kb: u64,
+    pub upload_mb: u64,
+    pub mcp_inline_mb: u64,
+}
+
+impl From<&Policy> for PolicyLimits {
+    fn from(p: &Policy) -> Self {
+        PolicyLimits {
+            name: p.name.clone(),
+            timeout_s: p.timeout_s,
+            memory_mb: p.memory_mb,
+            cpus: p.cpus,
+            output_kb: p.output_kb,
+            upload_mb: p.upload_mb,
+            mcp_inline_mb: p.mcp_inline_mb,
+        }
+    }
+}
+
+/// A workspace file opened for reading.
+pub struct OpenFile {
+    pub file: std::fs::File,
+    pub size: u64,
+    pub mime_type: String,
+    /// The file's name, safe in a `Content-Disposition` header.
+    pub name: String,
+}
+
+/// The daemon's operations over its sessions, runs and files. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    sessions: Arc<Manager>,
+    ctx: Context,
+    draining: Arc<AtomicBool>,
+}
+
+impl Service {
+    pub fn new(sessions: Arc<Manager>, ctx: Context) -> Service {
+        Service { sessions, ctx, draining: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// Refuse new runs from now on (daemon shutdown).
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, Error> {
+        Ok(self.sessions.policy(name)?)
+    }
+
+    pub fn policies(&self) -> Vec<Policy> {
+        self.sessions.policies().map(|p| (**p).clone()).collect()
+    }
+
+    /// The largest code any policy allows, in bytes.
+    pub fn max_code_bytes(&self) -> Option<usize> {
+        self.sessions.policies().map(|p| p.code_bytes()).max()
+    }
+
+    pub async fn create_session(&self, caller: &Caller, req: CreateSession) -> Result<SessionInfo, Error> {
+        Ok(self
+            .sessions
+            .create(req.id, req.policy.as_deref(), req.mode.unwrap_or_default(), req.ttl_s, caller.owner())
+            .await?)
+    }
+
+    pub fn get_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, Error> {
+        Ok(self.sessions.get(id, caller.owner())?)
+    }
+
+    pub fn list_sessions(&self, caller: &Caller) -> Vec<SessionInfo> {
+        self.sessions.list(caller.owner())
+    }
+
+    /// Close a session: kill its run, if any, and remove its files.
+    pub async fn close_session(&self, caller: &Caller, id: &str) -> Result<Done, Error> {
+        self.sessions.close(id, caller.owner()).await?;
+        Ok(Done::status("closed"))
+    }
+
+    /// Stop the run in flight in a session (it ends with status `killed`).
+    pub fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, Error> {
+        let cancelled = self.sessions.cancel_run(id, caller.owner())?;
+        Ok(Done::status(if cancelled { "cancelled" } else { "idle" }))
+    }
+
+    /// Start `req` in its session (`req.session_id`), or in a new one made for it.
+    /// The run goes on in a task of its own, so a caller that goes away cannot
+    /// abort it halfway; its output goes to `chunks` as it comes, and the result
+    /// to the returned receiver.
+    pub async fn start_run(
+        &self,
+        caller: &Caller,
+        req: RunRequest,
+        chunks: Option<mpsc::Sender<Chunk>>,
+    ) -> Result<oneshot::Receiver<Result<RunResult, Error>>, Error> {
+        let owner = caller.owner();
+        let lease = match &req.session_id {
+            Some(id) => {
+                let lease = self.sessions.lease(id, owner)?;
+                check_policy(&req, &lease)?;
+                lease
+            }
+            None => {
+                run::validate(&req, &*self.sessions.policy(req.policy.as_deref())?)?;
+                // Refuse before a session is made for a run the token may not start.
+                self.sessions.check_run_quota(owner)?;
+                let info = self.sessions.create(None, req.policy.as_deref(), Mode::Script, None, owner).await?;
+                match self.sessions.lease(&info.id, owner) {
+                    Ok(lease) => lease,
+                    Err(e) => {
+                        // Another run of the token's took the last place meanwhile.
+                        let _ = self.sessions.close(&info.id, owner).await;
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
+        }
+        let (done_tx, done_rx) = oneshot::channel();
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            let result = run::execute(&ctx, &lease, &req, chunks).await.map_err(Error::from);
+            drop(lease);
+            let _ = done_tx.send(result);
+        });
+        Ok(done_rx)
+    }
+
+    /// [`Service::start_run`], waiting for the result.
+    pub async fn run(&self, caller: &Caller, req: RunRequest) -> Result<RunResult, Error> {
+        let done = self.start_run(caller, req, None).await?;
+        done.await.map_err(|e| Error::internal("waiting for the run", e))?
+    }
+
+    fn open_workspace(&self, caller: &Caller, id: &str) -> Result<(Workspace, SessionInfo), Error> {
+        let info = self.sessions.get(id, caller.owner())?;
+        let ws = Workspace::open(&self.sessions.workspace_of(id, caller.owner())?, info.uid)?;
+        Ok((ws, info))
+    }
+
+    fn file_url(&self, id: &str, rel: &Path) -> String {
+        format!("{}/v1/sessions/{id}/files/{}", self.ctx.public_url, artifacts::url_path(rel))
+    }
+
+    /// Every file in the session's workspace, recursively.
+    pub async fn list_files(&self, caller: &Caller, id: &str) -> Result<Vec<FileEntry>, Error> {
+        Ok(self.listing(caller, id).await?.files)
+    }
+
+    /// The workspace's files, sorted by path, and whether that is only their first
+    /// part (the walk's bounds: [`workspace::MAX_WALK`] entries,
+    /// [`workspace::MAX_WALK_PATH_BYTES`] of paths, [`workspace::MAX_DEPTH`] levels).
+    pub async fn listing(&self, caller: &Caller, id: &str) -> Result<Listing, Error> {
+        let info = self.sessions.get(id, caller.owner())?;
+        let root = self.sessions.workspace_of(id, caller.owner())?;
+        let (files, walked) = tokio::task::spawn_blocking(move || Workspace::open(&root, info.uid)?.files())
+            .await
+            .map_err(|e| Error::internal("listing files", e))??;
+        let files = files
+            .into_iter()
+            .map(|(path, stat)| FileEntry {
+                url: self.file_url(id, &path),
+                mime_type: artifacts::mime_type(&path),
+                size_bytes: stat.size,
+                modified_at: session::rfc3339(stat.modified()),
+                path: path.to_string_lossy().into_owned(),
+            })
+            .collect();
+        Ok(Listing { files, partial: walked.partial })
+    }
+
+    /// Open a workspace file to stream it.
+    pub fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
+        let rel = workspace::validate(path)?;
+        let (ws, _) = self.open_workspace(caller, id)?;
+        let (file, meta) = ws.open_read(&rel)?;
+        let name =
+            rel.file_name().map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_")).unwrap_or_default();
+        Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name })
+    }
+
+    /// A workspace file's bytes, at most `limit` of them: a larger file is
+    /// [`Error::FileTooLarge`], found without reading more than `limit + 1` bytes.
+    pub async fn read_file(&self, caller: &Caller, id: &str, path: &str, limit: u64) -> Result<Vec<u8>, Error> {
+        let opened = self.open_file(caller, id, path)?;
+        let too_large = || Error::FileTooLarge { path: path.to_string(), limit };
+        if opened.size > limit {
+            return Err(too_large());
+        }
+        let bytes = tokio::task::spawn_blocking(move || {
+            let mut bytes = vec![];
+            opened.file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map(|_| bytes)
+        })
+        .await
+        .map_err(|e| Error::internal("reading a file", e))?
+        .map_err(|e| Error::from(workspace::Error::Io(path.to_string(), e)))?;
+        if bytes.len() as u64 > limit {
+            return Err(too_large());
+        }
+        Ok(bytes)
+    }
+
+    /// Start writing a workspace file; feed it with [`Upload::write`].
+    pub fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool) -> Result<Upload, Error> {
+        let rel = workspace::validate(path)?;
+        let (ws, info) = self.open_workspace(caller, id)?;
+        let limit = self.sessions.policy(Some(&info.policy))?.upload_bytes();
+        let file = ws.create(&rel, overwrite)?;
+        let url = self.file_url(id, &rel);
+        Ok(Upload { ws, rel, writer: std::io::BufWriter::with_capacity(256 * 1024, file), written: 0, limit, url })
+    }
+
+    pub fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error> {
+        let rel = workspace::validate(path)?;
+        let (ws, _) = self.open_workspace(caller, id)?;
+        ws.remove(&rel)?;
+        Ok(Done { status: "deleted".into(), path: Some(rel.to_string_lossy().into_owned()) })
+    }
+}
+
+/// A run in an existing session keeps the session's policy.
+fn check_policy(req: &RunRequest, lease: &Lease) -> Result<(), Error> {
+    match &req.policy {
+        Some(p) if *p != lease.policy.name => Err(Error::InvalidRequest(format!(
+            "session {:?} uses policy {:?}; a session's policy is fixed: create a new session for policy {p:?}",
+            lease.id, lease.policy.name
+        ))),
+        _ => run::validate(req, &lease.policy).map(|_| ()).map_err(Error::from),
+    }
+}
+
+/// A workspace file being written, within the policy's upload limit. Call
+/// [`Upload::finish`] when all is written, or [`Upload::abort`] to leave nothing.
+pub struct Upload {
+    ws: Workspace,
+    rel: PathBuf,
+    writer: std::io::BufWriter<std::fs::File>,
+    written: u64,
+    limit: u64,
+    url: String,
+}
+
+impl Upload {
+    pub fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
+        self.written += chunk.len() as u64;
+        if self.written > self.limit {
+            return Err(Error::UploadTooLarge { limit: self.limit });
+        }
+        self.writer.write_all(chunk).map_err(|e| Error::from(workspace::Error::Io(self.rel.display().to_string(), e)))
+    }
+
+    /// Flush the file and describe it; on failure nothing half-written is kept.
+    pub fn finish(mut self) -> Result<FileEntry, Error> {
+        if let Err(e) = self.writer.flush() {
+            let err = Error::from(workspace::Error::Io(self.rel.display().to_string(), e));
+            self.abort();
+            return Err(err);
+        }
+        Ok(FileEntry {
+            path: self.rel.to_string_lossy().into_owned(),
+            size_bytes: self.written,
+            mime_type: artifacts::mime_type(&self.rel),
+            modified_at: session::rfc3339(std::time::SystemTime::now()),
+            url: self.url,
+        })
+    }
+
+    /// Remove what was written.
+    pub fn abort(self) {
+        let Upload { ws, rel, writer, .. } = self;
+        drop(writer);
+        let _ = ws.remove(&rel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the API serves is what the typed client reads back.
+    #[test]
+    fn answers_read_back_as_the_typed_structs() {
+        let policy = Policy { name: "default".into(), timeout_s: 17, ..Policy::default() };
+        let limits: PolicyLimits = serde_json::from_value(serde_json::to_value(&policy).unwrap()).unwrap();
+        assert_eq!(limits, PolicyLimits::from(&policy));
+        assert_eq!(limits.timeout_s, 17);
+
+        let info = SessionInfo {
+            id: "s".into(),
+            mode: Mode::Kernel,
+            policy: "default".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_used_at: "2026-01-01T00:00:00Z".into(),
+            ttl_s: 5,
+            owner: None,
+            uid: 7,
+            busy: true,
+        };
+        let back: SessionInfo = serde_json::from_value(serde_json::to_value(&info).unwrap()).unwrap();
+        assert!(back.busy && back.mode == Mode::Kernel && back.uid == 7);
+
+        // A client's request passes the daemon's `deny_unknown_fields`, absent fields left out.
+        let req = RunRequest { code: "1".into(), timeout_s: Some(2.5), ..RunRequest::default() };
+        let sent = serde_json::to_value(&req).unwrap();
+        assert_eq!(sent, serde_json::json!({"code": "1", "language": "python", "timeout_s": 2.5}));
+        let got: RunRequest = serde_json::from_value(sent).unwrap();
+        assert_eq!(got.timeout_s, Some(2.5));
+        let sent = serde_json::to_value(CreateSession { mode: Some(Mode::Script), ..Default::default() }).unwrap();
+        assert_eq!(sent, serde_json::json!({"mode": "script"}));
+
+        assert_eq!(serde_json::to_value(Done::status("closed")).unwrap(), serde_json::json!({"status": "closed"}));
+    }
+}
