@@ -290,11 +290,11 @@ impl Kernel {
         writer.write_all(&source).await.map_err(Error::Channel)?;
 
         let policy = s.policy;
-        let argv = vec!["/opt/py/bin/python".into(), "-c".into(), BOOTSTRAP.into()];
+        let argv = vec![crate::plan::PYTHON.into(), "-c".into(), BOOTSTRAP.into()];
         let run = isolate::Run {
             id: format!("kernel-{}", s.session_id),
-            spec: crate::run::sandbox_spec(s.rootfs, Some(s.workspace), s.uid, policy, argv, None),
-            limits: crate::run::cgroup_limits(policy),
+            spec: crate::plan::sandbox_spec(s.rootfs, Some(s.workspace), s.uid, policy, argv, None),
+            limits: crate::plan::cgroup_limits(policy),
             // The kernel lives as long as its session; cells have their own limit.
             timeout: Duration::from_secs(400 * 86400),
             grace: Duration::from_secs(policy.grace_s),

@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod isolate;
 pub mod kernel;
 pub mod mcp;
+pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod rootfs;

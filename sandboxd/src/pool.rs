@@ -38,9 +38,9 @@
 //! the run's socket is a protocol violation: the daemon logs a short escaped
 //! excerpt at info, hangs up (the runner then exits) and takes the report.
 
-use crate::isolate::spec::ChildSpec;
 use crate::isolate::template::TemplateMessage;
 use crate::isolate::{self, Sandboxes, Template};
+use crate::plan;
 use crate::policy::Policy;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -273,7 +273,7 @@ impl Pool {
                             Err(isolate::Error::Retired(policy.template_runs))
                         }
                         Some(library) => {
-                            template.recycle(oom_before, &fork_request(&me.rootfs, &policy), library).await
+                            template.recycle(oom_before, &fork_request(&policy), library).await
                         }
                         None => Err(isolate::Error::NoStatus),
                     };
@@ -301,7 +301,7 @@ impl Pool {
     /// Have `template` fork ahead of its first run (destroyed if it cannot).
     async fn prepare(&self, mut template: Template, policy: &Policy) -> Result<Template, String> {
         let Some(library) = self.library.as_ref() else { return Err("no pool library".into()) };
-        match template.prepare(&fork_request(&self.rootfs, policy), library).await {
+        match template.prepare(&fork_request(policy), library).await {
             Ok(()) => Ok(template),
             Err(e) => {
                 template.destroy().await;
@@ -423,15 +423,8 @@ impl Pool {
 
     /// Start one template and wait until its interpreter has its imports.
     async fn start(&self, policy: &Policy, uid: u32) -> Result<Template, String> {
-        let argv = vec![
-            "/opt/py/bin/python".to_string(),
-            "/opt/sandboxd/runner.py".to_string(),
-            "--template".to_string(),
-            policy.preload.join(","),
-        ];
-        let mut spec = crate::run::sandbox_spec(&self.rootfs, None, uid, policy, argv, None);
-        spec.template = true;
-        let limits = crate::run::cgroup_limits(policy);
+        let spec = plan::template_spec(&self.rootfs, uid, policy);
+        let limits = plan::cgroup_limits(policy);
         let mut template = self.sandboxes.start_template(&spec, &limits).await.map_err(|e| e.to_string())?;
         let ready = tokio::select! {
             r = tokio::time::timeout(READY_TIMEOUT, template.next_message()) => r,
@@ -459,11 +452,8 @@ impl Pool {
 }
 
 /// What a template's fork is told: the sizes and limits of `policy`.
-fn fork_request(rootfs: &std::path::Path, policy: &Policy) -> serde_json::Value {
-    let spec = crate::run::sandbox_spec(rootfs, None, 0, policy, vec![], None);
-    let child =
-        ChildSpec { tmp_size_bytes: spec.tmp_size_bytes, shm_size_bytes: spec.shm_size_bytes, rlimits: spec.rlimits };
-    serde_json::json!({ "spec": child })
+fn fork_request(policy: &Policy) -> serde_json::Value {
+    serde_json::json!({ "spec": plan::child_spec(policy) })
 }
 
 /// A run that could not start in a template (nothing of it ran).

@@ -4,8 +4,9 @@
 
 use crate::api::error::{ApiError, Code};
 use crate::artifacts::{self, Snapshot};
-use crate::isolate::{self, cgroup, output::Chunk, spec};
+use crate::isolate::{self, output::Chunk};
 use crate::kernel;
+use crate::plan;
 use crate::policy::Policy;
 use crate::pool;
 use crate::session::Lease;
@@ -119,60 +120,6 @@ impl Context {
     }
 }
 
-/// The environment of every sandboxed program: nothing from the host.
-pub fn environment(policy: &Policy) -> Vec<(String, String)> {
-    let threads = (policy.cpus.ceil() as u64).max(1).to_string();
-    [
-        ("PATH", "/opt/py/bin:/usr/local/bin:/usr/bin:/bin"),
-        ("HOME", "/tmp"),
-        ("USER", "sandbox"),
-        ("LANG", "C.UTF-8"),
-        ("LC_ALL", "C.UTF-8"),
-        ("TMPDIR", "/tmp"),
-        ("MPLBACKEND", "Agg"),
-        ("MPLCONFIGDIR", "/tmp/.mplconfig"),
-        ("PYTHONUNBUFFERED", "1"),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-        ("OPENBLAS_NUM_THREADS", threads.as_str()),
-        ("OMP_NUM_THREADS", threads.as_str()),
-        ("MKL_NUM_THREADS", threads.as_str()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
-/// The sandbox of a session under `policy`, running `argv`; without a workspace for
-/// a pooled sandbox (it is attached when a run takes it).
-pub fn sandbox_spec(
-    rootfs: &std::path::Path,
-    workspace: Option<&std::path::Path>,
-    uid: u32,
-    policy: &Policy,
-    argv: Vec<String>,
-    stdin: Option<String>,
-) -> spec::SandboxSpec {
-    spec::SandboxSpec {
-        rootfs: rootfs.into(),
-        workspace: workspace.map(Into::into),
-        argv,
-        env: environment(policy),
-        stdin,
-        host_uid: uid,
-        host_gid: uid,
-        tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
-        shm_size_bytes: policy.shm_mb * 1024 * 1024,
-        rlimits: spec::Rlimits { file_size_bytes: policy.file_size_mb * 1024 * 1024, open_files: policy.open_files },
-        hostname: "sandbox".into(),
-        template: false,
-    }
-}
-
-/// The cgroup limits of `policy`.
-pub fn cgroup_limits(policy: &Policy) -> cgroup::Limits {
-    cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids }
-}
-
 /// Check what can be checked before a sandbox is made.
 pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, ApiError> {
     if req.code.len() > policy.code_bytes() {
@@ -214,8 +161,8 @@ pub async fn execute(
     let (argv, stdin) = match req.language {
         Language::Python => (
             vec![
-                "/opt/py/bin/python".to_string(),
-                "/opt/sandboxd/runner.py".to_string(),
+                plan::PYTHON.to_string(),
+                plan::RUNNER.to_string(),
                 run_id.clone(),
                 if autosave { "1" } else { "0" }.to_string(),
             ],
@@ -226,8 +173,8 @@ pub async fn execute(
     let snapshot = snapshot(lease).await?;
     let run = isolate::Run {
         id: run_id.clone(),
-        spec: sandbox_spec(&ctx.rootfs, Some(&lease.workspace), lease.uid, policy, argv, stdin),
-        limits: cgroup_limits(policy),
+        spec: plan::sandbox_spec(&ctx.rootfs, Some(&lease.workspace), lease.uid, policy, argv, stdin),
+        limits: plan::cgroup_limits(policy),
         timeout,
         grace: Duration::from_secs(policy.grace_s),
         output_limit: policy.output_bytes(),
