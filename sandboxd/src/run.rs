@@ -114,12 +114,6 @@ pub struct Context {
     pub public_url: String,
 }
 
-impl Context {
-    fn kernels(&self) -> &tokio::sync::Mutex<std::collections::HashMap<String, kernel::Kernel>> {
-        &self.sessions.kernels
-    }
-}
-
 /// Check what can be checked before a sandbox is made.
 pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, ApiError> {
     if req.code.len() > policy.code_bytes() {
@@ -326,7 +320,7 @@ async fn execute_cell(
     let grace = Duration::from_secs(policy.grace_s.max(1));
     let (kernel, end) = existing.exec(&cell, timeout, grace, lease.cancel.clone(), chunks).await;
     if let Some(k) = kernel {
-        ctx.kernels().lock().await.insert(lease.id.clone(), k);
+        ctx.sessions.kernels.put(&lease.id, k).await;
     }
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
     let mut result = RunResult {
@@ -406,7 +400,7 @@ async fn execute_cell(
 
 /// The session's kernel, started now if it has none (or its last one died).
 async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, ApiError> {
-    let existing = ctx.kernels().lock().await.remove(&lease.id);
+    let existing = ctx.sessions.kernels.take(&lease.id).await;
     match existing {
         Some(k) => Ok(k),
         None => kernel::Kernel::start(
