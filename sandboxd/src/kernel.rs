@@ -26,8 +26,8 @@
 //! started afresh next time.
 
 use crate::isolate::channel::{self, Channel};
-pub use crate::isolate::message::{Exception, KernelMessage, Rich, Stream};
 use crate::isolate::message::{kernel_source, KernelCell};
+pub use crate::isolate::message::{Exception, KernelMessage, Rich, Stream};
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::isolate::{self, Outcome, Sandboxes};
 use crate::policy::Policy;

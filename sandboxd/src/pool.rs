@@ -272,9 +272,7 @@ impl Pool {
                             template.destroy().await;
                             Err(isolate::Error::Retired(policy.template_runs))
                         }
-                        Some(library) => {
-                            template.recycle(oom_before, &&plan::child_spec(&policy), library).await
-                        }
+                        Some(library) => template.recycle(oom_before, &&plan::child_spec(&policy), library).await,
                         None => Err(isolate::Error::NoStatus),
                     };
                     if let Err(e) = &back {

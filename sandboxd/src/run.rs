@@ -114,6 +114,42 @@ pub struct Context {
     pub public_url: String,
 }
 
+/// What decides a run's status, however it ran (a cold or pooled sandbox, a
+/// kernel's cell): the daemon's timer, the cgroup, its own findings, then the
+/// program's exit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ending {
+    /// The time limit ended it.
+    timed_out: bool,
+    /// The OOM killer ended it (a program that exited 0 anyway is not OOM).
+    oom_killed: bool,
+    /// The sandbox broke the protocol (a kernel's channel): the daemon ended it.
+    violation: bool,
+    /// A signal or a cancel ended it.
+    killed: bool,
+    /// It exited 0 (and a cell raised nothing).
+    succeeded: bool,
+}
+
+impl Ending {
+    /// The one place a status is worked out.
+    fn status(self) -> Status {
+        if self.timed_out {
+            Status::Timeout
+        } else if self.oom_killed {
+            Status::Oom
+        } else if self.violation {
+            Status::Error
+        } else if self.killed {
+            Status::Killed
+        } else if self.succeeded {
+            Status::Ok
+        } else {
+            Status::Error
+        }
+    }
+}
+
 /// Check what can be checked before a sandbox is made.
 pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, ApiError> {
     if req.code.len() > policy.code_bytes() {
@@ -207,17 +243,14 @@ pub async fn execute(
 
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
 
-    let status = if outcome.timed_out {
-        Status::Timeout
-    } else if outcome.oom_killed && outcome.exit_code != Some(0) {
-        Status::Oom
-    } else if outcome.cancelled || outcome.signal.is_some() {
-        Status::Killed
-    } else if outcome.exit_code == Some(0) {
-        Status::Ok
-    } else {
-        Status::Error
-    };
+    let status = Ending {
+        timed_out: outcome.timed_out,
+        oom_killed: outcome.oom_killed && outcome.exit_code != Some(0),
+        violation: false,
+        killed: outcome.cancelled || outcome.signal.is_some(),
+        succeeded: outcome.exit_code == Some(0),
+    }
+    .status();
     let result = RunResult {
         run_id: run_id.clone(),
         session_id: lease.public_id.clone(),
@@ -340,13 +373,14 @@ async fn execute_cell(
     };
     match end {
         kernel::CellEnd::Done { reply, interrupted } => {
-            result.status = if interrupted {
-                Status::Timeout
-            } else if reply.exception.is_some() || reply.exit_code != 0 {
-                Status::Error
-            } else {
-                Status::Ok
-            };
+            result.status = Ending {
+                timed_out: interrupted,
+                oom_killed: false,
+                violation: false,
+                killed: false,
+                succeeded: reply.exception.is_none() && reply.exit_code == 0,
+            }
+            .status();
             result.exit_code = Some(reply.exit_code);
             result.stdout = reply.stdout;
             result.stderr = reply.stderr;
@@ -362,15 +396,9 @@ async fn execute_cell(
             // How it ended comes from the daemon's timer and the cgroup; a protocol
             // violation is the daemon's own finding.
             let oom = outcome.as_ref().is_some_and(|o| o.oom_killed);
-            result.status = if timed_out {
-                Status::Timeout
-            } else if oom {
-                Status::Oom
-            } else if violation.is_some() {
-                Status::Error
-            } else {
-                Status::Killed
-            };
+            result.status =
+                Ending { timed_out, oom_killed: oom, violation: violation.is_some(), killed: true, succeeded: false }
+                    .status();
             result.signal = Some(signal_name(libc::SIGKILL));
             let why = if timed_out {
                 "the cell ignored the interrupt at its time limit and was killed".to_string()
@@ -420,4 +448,20 @@ async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Ap
 
 pub fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_comes_from_the_timer_then_the_cgroup_then_the_program() {
+        let e = Ending::default();
+        assert_eq!(Ending { succeeded: true, ..e }.status(), Status::Ok);
+        assert_eq!(e.status(), Status::Error);
+        assert_eq!(Ending { killed: true, ..e }.status(), Status::Killed);
+        assert_eq!(Ending { killed: true, violation: true, ..e }.status(), Status::Error);
+        assert_eq!(Ending { killed: true, violation: true, oom_killed: true, ..e }.status(), Status::Oom);
+        assert_eq!(Ending { oom_killed: true, timed_out: true, killed: true, ..e }.status(), Status::Timeout);
+    }
 }

@@ -183,7 +183,8 @@ fn final_message(report: &str, status: nix::Result<nix::sys::wait::WaitStatus>) 
 /// How the run ended, once the init's report (complete lines) says so.
 fn final_report(report: &str) -> Option<Report> {
     let complete = &report[..report.rfind('\n')? + 1];
-    let last = complete.lines().filter_map(|l| InitLine::parse(l).ok()).rfind(|l| !matches!(l, InitLine::Warning(_)))?;
+    let last =
+        complete.lines().filter_map(|l| InitLine::parse(l).ok()).rfind(|l| !matches!(l, InitLine::Warning(_)))?;
     match last {
         InitLine::Exited(code) => Some(Report::ExitCode(code)),
         InitLine::Signaled(signal) => Some(Report::Signal(signal)),

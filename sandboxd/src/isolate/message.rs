@@ -19,6 +19,8 @@
 pub use super::channel::Error;
 pub use super::spec::{ChildSpec, SandboxSpec};
 use serde::{Deserialize, Serialize};
+#[cfg(test)]
+use std::os::fd::AsFd;
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 
@@ -327,4 +329,199 @@ pub struct Exception {
     pub name: String,
     pub value: String,
     pub traceback: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::channel::{encode, parse, Channel};
+    use super::super::spec::Rlimits;
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn child() -> ChildSpec {
+        ChildSpec { tmp_size_bytes: 1, shm_size_bytes: 2, rlimits: Rlimits { file_size_bytes: 3, open_files: 4 } }
+    }
+
+    /// `msg` encodes to exactly `wire` (plus the newline) and `wire` parses back.
+    fn exact<T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(wire: &str, msg: T) {
+        assert_eq!(encode(&msg).unwrap(), format!("{wire}\n").into_bytes());
+        assert_eq!(parse::<T>(wire.as_bytes()).unwrap(), msg);
+    }
+
+    #[test]
+    fn slot_messages_keep_their_wire_form() {
+        exact(
+            r#"{"cgroup_procs":["/c/cgroup.procs"],"daemon_pid":7}"#,
+            Prepare { cgroup_procs: vec!["/c/cgroup.procs".into()], daemon_pid: 7 },
+        );
+        exact(r#"{"event":"ready"}"#, SlotReply::Ready);
+        exact(
+            r#"{"event":"setup_failed","step":"s","error":"e"}"#,
+            SlotReply::SetupFailed { step: "s".into(), error: "e".into() },
+        );
+        assert_eq!(RUN_BYTE, b"r");
+    }
+
+    #[test]
+    fn helper_messages_keep_their_wire_form() {
+        exact(r#"{"event":"helper_started","pid":3}"#, Event::HelperStarted { pid: 3 });
+        exact(r#"{"event":"started","init_pid":4}"#, Event::Started { init_pid: 4 });
+        exact(r#"{"event":"attached"}"#, Event::Attached);
+        exact(r#"{"event":"warning","message":"w"}"#, Event::Warning { message: "w".into() });
+        exact(r#"{"event":"exited","code":-1}"#, Event::Exited { code: -1 });
+        exact(r#"{"event":"signaled","signal":9}"#, Event::Signaled { signal: 9 });
+        exact(r#"{"event":"init_killed","signal":9}"#, Event::InitKilled { signal: 9 });
+        exact(
+            r#"{"event":"setup_failed","step":"mounts","error":"x"}"#,
+            Event::SetupFailed { step: "mounts".into(), error: "x".into() },
+        );
+        exact(
+            r#"{"pid":12,"workspace":"/w","owner_uid":5,"owner_gid":6}"#,
+            Attach { pid: Some(12), workspace: "/w".into(), owner_uid: 5, owner_gid: 6 },
+        );
+        // A pid may be left out: the sandbox's own mount namespace.
+        let a: Attach = parse(br#"{"workspace":"/w","owner_uid":5,"owner_gid":6}"#).unwrap();
+        assert_eq!(a.pid, None);
+        for bad in [&br#"{"event":"ready"}"#[..], br#"{"event":"nope"}"#, br#"{"started":1}"#, b"{", b""] {
+            assert!(parse::<Event>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn init_lines_round_trip_and_stay_on_one_line() {
+        for (line, msg) in [
+            ("X 3", InitLine::Exited(3)),
+            ("S 9", InitLine::Signaled(9)),
+            ("W careful", InitLine::Warning("careful".into())),
+            ("F mounts\tbind /x: EPERM", InitLine::Failed { step: "mounts".into(), error: "bind /x: EPERM".into() }),
+        ] {
+            assert_eq!(msg.encode(), format!("{line}\n"));
+            assert_eq!(InitLine::parse(line).unwrap(), msg);
+        }
+        let f = Failure { step: "exec", error: "a\nb".into() };
+        assert_eq!(f.line().encode(), "F exec\ta b\n");
+        assert_eq!(InitLine::Warning("x\ny".into()).encode(), "W x y\n");
+        assert_eq!(
+            InitLine::parse("F lost").unwrap(),
+            InitLine::Failed { step: "sandbox".into(), error: "lost".into() }
+        );
+        assert_eq!(InitLine::parse("X 3").unwrap().into_event(), Event::Exited { code: 3 });
+        for bad in ["", "X nope", "S", "Q 1", "é"] {
+            assert!(InitLine::parse(bad).unwrap_err().is_violation(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn template_messages_are_what_the_runner_sends_and_reads() {
+        // sandboxd_runner.py: json.dumps({"ready": {"failed": failed}}) and {"reaped": pid}.
+        exact(r#"{"ready":{"failed":["nope"]}}"#, TemplateMessage::Ready { failed: vec!["nope".into()] });
+        exact(r#"{"reaped":12}"#, TemplateMessage::Reaped(12));
+        assert_eq!(
+            parse::<TemplateMessage>(br#"{"ready": {"failed": []}}"#).unwrap(),
+            TemplateMessage::Ready { failed: vec![] }
+        );
+        // The runner reads json.loads(data)["spec"] and hands it to sandboxd_enter.
+        let req = encode(&ForkRequest { spec: child() }).unwrap();
+        assert_eq!(
+            String::from_utf8(req).unwrap(),
+            "{\"spec\":{\"tmp_size_bytes\":1,\"shm_size_bytes\":2,\"rlimits\":{\"file_size_bytes\":3,\"open_files\":4}}}\n"
+        );
+        for bad in [&br#"{"reaped":"x"}"#[..], br#"{"ready":{}}"#, br#"{"forked":1}"#, b"null"] {
+            assert!(parse::<TemplateMessage>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_pooled_runs_messages_are_what_the_runner_sends_and_reads() {
+        // sandboxd_runner.py sends b'{"entered": true}\n', then
+        // json.dumps({"exit_code": exit_code}); it reads msg["code"], ["run_id"], ["autosave"].
+        assert_eq!(parse::<ForkMessage>(br#"{"entered": true}"#).unwrap(), ForkMessage::Entered(true));
+        assert_eq!(parse::<RunClaim>(br#"{"exit_code": 255}"#).unwrap(), RunClaim::ExitCode(255));
+        exact(r#"{"exit_code":0}"#, RunClaim::ExitCode(0));
+        let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true };
+        assert_eq!(encode(&code).unwrap(), b"{\"code\":\"print(1)\\n\",\"run_id\":\"r1\",\"autosave\":true}\n");
+        exact(r#"{"exit_code":-1}"#, Report::ExitCode(-1));
+        exact(r#"{"signal":9}"#, Report::Signal(9));
+        exact(r#"{"failed":{"step":"s","error":"e"}}"#, Report::Failed { step: "s".into(), error: "e".into() });
+        // What the user's code could write instead is none of the claims.
+        for bad in [
+            &br#"{"failed":{"step":"x","error":"evil"}}"#[..],
+            br#"{"signal":9}"#,
+            br#"{"exit_code":256}"#,
+            br#"{"exit_code":-1}"#,
+            br#"{"exit_code":0,"signal":9}"#,
+            br#"{"entered":true}"#,
+        ] {
+            assert!(parse::<RunClaim>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        for bad in [&br#"{"failed":{"step":"x","error":"evil"}}"#[..], br#"{"entered":true,"x":1}"#, br#""entered""#] {
+            assert!(parse::<ForkMessage>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn kernel_messages_are_what_kernel_py_sends_and_reads() {
+        // kernel.py: json.dumps(obj, ensure_ascii=False), with its default separators.
+        assert_eq!(parse::<KernelMessage>(br#"{"kind": "ready"}"#).unwrap(), KernelMessage::Ready {});
+        assert_eq!(
+            parse::<KernelMessage>(
+                "{\"kind\": \"chunk\", \"nonce\": \"n\", \"stream\": \"stdout\", \"text\": \"é\"}".as_bytes()
+            )
+            .unwrap(),
+            KernelMessage::Chunk { nonce: "n".into(), stream: Stream::Stdout, text: "é".into() }
+        );
+        let cell = KernelCell { code: "1", run_id: "r", autosave: false, output_limit: 10, nonce: "n" };
+        assert_eq!(
+            encode(&cell).unwrap(),
+            b"{\"code\":\"1\",\"run_id\":\"r\",\"autosave\":false,\"output_limit\":10,\"nonce\":\"n\"}\n"
+        );
+        assert_eq!(kernel_source("abc"), b"0000000003abc");
+        assert!(parse::<KernelMessage>(br#"{"kind":"nope"}"#).unwrap_err().is_violation());
+    }
+
+    #[tokio::test]
+    async fn a_channel_sends_and_receives_typed_lines_and_refuses_the_rest() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (mut a, mut b) = (Channel::new(a, 64), Channel::new(b, 64));
+        a.send(&Event::Attached).await.unwrap();
+        a.send(&Event::Exited { code: 2 }).await.unwrap();
+        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Attached));
+        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Exited { code: 2 }));
+        // An unknown tag: a typed error, and the channel is out of step from then on.
+        use tokio::io::AsyncWriteExt;
+        a.get_mut().write_all(b"{\"event\":\"evil\"}\n").await.unwrap();
+        assert!(b.recv::<Event>().await.unwrap_err().is_violation());
+        assert!(matches!(b.recv::<Event>().await, Err(Error::Broken)));
+        // An oversized line costs the limit and is refused.
+        let (c, d) = tokio::net::UnixStream::pair().unwrap();
+        let (mut c, mut d) = (Channel::new(c, 64), Channel::new(d, 64));
+        c.send(&Event::Warning { message: "x".repeat(100) }).await.unwrap();
+        assert!(matches!(d.recv::<Event>().await, Err(Error::TooLong(64))));
+        drop(c);
+        // A clean end of the stream is None.
+        let (e, f) = tokio::net::UnixStream::pair().unwrap();
+        drop(e);
+        assert_eq!(Channel::new(f, 64).recv::<Event>().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_channel_passes_fds_with_its_message() {
+        use std::io::{Read, Write};
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let a = Channel::new(tokio::net::UnixStream::from_std(a).unwrap(), 1024);
+        let (r, w) = super::super::process::pipe().unwrap();
+        a.send_with_fds(&ForkRequest { spec: child() }, &[w.as_fd()]).await.unwrap();
+        drop(w);
+        let got = tokio::task::spawn_blocking(move || {
+            let fds = super::super::channel::recv_fds::<5>(b.as_fd(), &[1]).unwrap().unwrap();
+            let mut pipe = std::fs::File::from(fds.into_iter().next().unwrap());
+            pipe.write_all(b"through").unwrap();
+        })
+        .await;
+        assert!(got.is_ok());
+        let mut text = String::new();
+        std::fs::File::from(r).read_to_string(&mut text).unwrap();
+        assert_eq!(text, "through");
+    }
 }

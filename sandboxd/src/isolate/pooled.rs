@@ -251,7 +251,8 @@ impl PooledTemplate {
     /// Mount the session's workspace (owned by `owner` on the host) at `/mnt/data`
     /// in the fork's mount namespace.
     pub async fn attach(&mut self, forked: &Forked, workspace: &std::path::Path, owner: u32) -> Result<(), Error> {
-        let req = Attach { pid: Some(forked.outer_pid), workspace: workspace.into(), owner_uid: owner, owner_gid: owner };
+        let req =
+            Attach { pid: Some(forked.outer_pid), workspace: workspace.into(), owner_uid: owner, owner_gid: owner };
         self.slot.cg.set_idle(false)?;
         let control = self.sandbox.control.as_mut().ok_or(Error::NoStatus)?;
         control.send(&req).await?;
@@ -357,4 +358,3 @@ impl PooledTemplate {
         sandboxes.release(slot).await;
     }
 }
-

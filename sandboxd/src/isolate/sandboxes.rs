@@ -173,4 +173,3 @@ async fn destroy(mut s: slot::Slot) {
         tracing::warn!(slot = %s.id, error = %e, "could not remove a slot's cgroup");
     }
 }
-

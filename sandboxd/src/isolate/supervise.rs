@@ -366,6 +366,14 @@ pub async fn drive(
             }
         }
     };
-    Ok(Ended { exit_code, signal, timed_out, cancelled, duration, stdout, stderr, warnings: std::mem::take(&mut sandbox.warnings) })
+    Ok(Ended {
+        exit_code,
+        signal,
+        timed_out,
+        cancelled,
+        duration,
+        stdout,
+        stderr,
+        warnings: std::mem::take(&mut sandbox.warnings),
+    })
 }
-
