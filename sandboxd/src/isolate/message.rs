@@ -336,7 +336,6 @@ mod tests {
     use super::super::channel::{encode, parse, Channel};
     use super::super::spec::Rlimits;
     use super::*;
-    use std::os::fd::AsFd;
 
     fn child() -> ChildSpec {
         ChildSpec { tmp_size_bytes: 1, shm_size_bytes: 2, rlimits: Rlimits { file_size_bytes: 3, open_files: 4 } }
