@@ -272,7 +272,7 @@ impl Pool {
                             template.destroy().await;
                             Err(isolate::Error::Retired(policy.template_runs))
                         }
-                        Some(library) => template.recycle(oom_before, &&plan::child_spec(&policy), library).await,
+                        Some(library) => template.recycle(oom_before, &plan::child_spec(&policy), library).await,
                         None => Err(isolate::Error::NoStatus),
                     };
                     if let Err(e) = &back {
@@ -299,7 +299,7 @@ impl Pool {
     /// Have `template` fork ahead of its first run (destroyed if it cannot).
     async fn prepare(&self, mut template: PooledTemplate, policy: &Policy) -> Result<PooledTemplate, String> {
         let Some(library) = self.library.as_ref() else { return Err("no pool library".into()) };
-        match template.prepare(&&plan::child_spec(policy), library).await {
+        match template.prepare(&plan::child_spec(policy), library).await {
             Ok(()) => Ok(template),
             Err(e) => {
                 template.destroy().await;
