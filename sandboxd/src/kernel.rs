@@ -30,17 +30,19 @@
 //! state; a cell that ignores it is killed after the grace period, and the kernel is
 //! started afresh next time.
 
-use crate::isolate::channel::{self, LineReader};
+use crate::isolate::channel::{self, Channel};
+use crate::isolate::message::{kernel_source, KernelCell};
+pub use crate::isolate::message::{Exception, KernelMessage, Rich, Stream};
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::isolate::{self, Outcome, Sandboxes};
 use crate::policy::Policy;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -85,60 +87,6 @@ pub struct CellRequest {
     pub autosave: bool,
     /// Bytes of each stream the kernel keeps (the daemon keeps no more either).
     pub output_limit: usize,
-}
-
-/// The line sent to the kernel: the cell and its nonce.
-#[derive(Serialize)]
-struct Sent<'a> {
-    #[serde(flatten)]
-    cell: &'a CellRequest,
-    nonce: &'a str,
-}
-
-/// What a kernel (or the user's code in its process) may write, one per line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum KernelMessage {
-    /// kernel.py is running and serves cells.
-    Ready {},
-    /// Output of the cell with `nonce`, as it was produced.
-    Chunk { nonce: String, stream: Stream, text: String },
-    /// The cell with `nonce` is over. Its output came as chunks before.
-    Reply {
-        nonce: String,
-        result: Option<Rich>,
-        exception: Option<Exception>,
-        exit_code: u8,
-        /// The kernel dropped output past the limit.
-        stdout_truncated: bool,
-        stderr_truncated: bool,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-/// A final expression's value.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rich {
-    #[serde(rename = "text/plain")]
-    pub plain: String,
-    #[serde(rename = "text/html", default, skip_serializing_if = "Option::is_none")]
-    pub html: Option<String>,
-}
-
-/// An exception a cell raised.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Exception {
-    pub name: String,
-    pub value: String,
-    pub traceback: String,
 }
 
 /// What a cell sends back, within the daemon's bounds.
@@ -267,8 +215,8 @@ pub enum CellEnd {
 }
 
 pub struct Kernel {
-    writer: OwnedWriteHalf,
-    reader: LineReader<OwnedReadHalf>,
+    /// Cells out ([`KernelCell`]), [`KernelMessage`]s in.
+    channel: Channel<tokio::net::UnixStream>,
     init_pid: i32,
     cancel: watch::Sender<bool>,
     task: JoinHandle<Result<Outcome, isolate::Error>>,
@@ -293,24 +241,19 @@ pub struct StartSpec<'a> {
 
 impl Kernel {
     pub async fn start(sandboxes: &Arc<Sandboxes>, s: StartSpec<'_>) -> Result<Kernel, Error> {
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(Error::Channel)?;
-        ours.set_nonblocking(true).map_err(Error::Channel)?;
-        let stream = tokio::net::UnixStream::from_std(ours).map_err(Error::Channel)?;
-        let (read, mut writer) = stream.into_split();
+        let (mut stream, theirs) = isolate::process::socket_pair().map_err(Error::Channel)?;
         // The source goes first: the socket's buffer holds it until the kernel reads.
-        let mut source = format!("{:010}", SOURCE.len()).into_bytes();
-        source.extend_from_slice(SOURCE.as_bytes());
-        writer.write_all(&source).await.map_err(Error::Channel)?;
+        stream.write_all(&kernel_source(SOURCE)).await.map_err(Error::Channel)?;
 
         let policy = s.policy;
         // -P: the working directory (the workspace) is not put first on sys.path, so
         // a file there (`json.py`, `threading.py`) cannot replace a module kernel.py
         // imports; kernel.py adds the workspace for the user's code after its imports.
-        let argv = vec!["/opt/py/bin/python".into(), "-P".into(), "-c".into(), BOOTSTRAP.into()];
+        let argv = vec![crate::plan::PYTHON.into(), "-P".into(), "-c".into(), BOOTSTRAP.into()];
         let run = isolate::Run {
             id: format!("kernel-{}", s.session_id),
-            spec: crate::run::sandbox_spec(s.rootfs, Some(s.workspace), s.uid, policy, argv, None),
-            limits: crate::run::cgroup_limits(policy),
+            spec: crate::plan::sandbox_spec(s.rootfs, Some(s.workspace), s.uid, policy, argv, None),
+            limits: crate::plan::cgroup_limits(policy),
             // The kernel lives as long as its session; cells have their own limit.
             timeout: Duration::from_secs(400 * 86400),
             grace: Duration::from_secs(policy.grace_s),
@@ -323,10 +266,10 @@ impl Kernel {
         let mut task =
             tokio::spawn(async move { sb.run_with_stdin(run, Some(stdin), None, cancel_rx, Some(started_tx)).await });
 
-        let mut reader = LineReader::new(read, MAX_LINE);
+        let mut channel = Channel::new(stream, MAX_LINE);
         let ready = async {
             let init_pid = started_rx.await.map_err(|_| "the sandbox did not start".to_string())?;
-            match reader.next::<KernelMessage>().await {
+            match channel.recv::<KernelMessage>().await {
                 Ok(Some(KernelMessage::Ready {})) => Ok(init_pid),
                 Ok(Some(_)) => Err("it sent something else than \"ready\" first".to_string()),
                 Ok(None) => Err("it closed its channel".to_string()),
@@ -342,7 +285,7 @@ impl Kernel {
             }),
         };
         match outcome {
-            Ok(init_pid) => Ok(Kernel { writer, reader, init_pid, cancel, task }),
+            Ok(init_pid) => Ok(Kernel { channel, init_pid, cancel, task }),
             Err(e) => {
                 let _ = cancel.send(true);
                 let _ = task.await;
@@ -381,13 +324,15 @@ impl Kernel {
         // that stopped reading (user code can make it) leaves the line in a full
         // socket buffer, and the write must not outlast the cell's time limit, a
         // cancel, the session's close or the daemon's shutdown.
-        let mut line = match serde_json::to_vec(&Sent { cell, nonce: &nonce }) {
-            Ok(line) => line,
-            Err(_) => return self.died(state, false, false, None).await,
+        let sent = KernelCell {
+            code: &cell.code,
+            run_id: &cell.run_id,
+            autosave: cell.autosave,
+            output_limit: cell.output_limit,
+            nonce: &nonce,
         };
-        line.push(b'\n');
         let written = tokio::select! {
-            r = self.writer.write_all(&line) => if r.is_ok() { Written::Yes } else { Written::Failed },
+            r = self.channel.send(&sent) => if r.is_ok() { Written::Yes } else { Written::Failed },
             _ = &mut deadline => Written::TimedOut,
             _ = stop.changed() => Written::Stopped,
         };
@@ -400,7 +345,7 @@ impl Kernel {
         let mut interrupted = false;
         loop {
             tokio::select! {
-                line = self.reader.next::<KernelMessage>() => {
+                line = self.channel.recv::<KernelMessage>() => {
                     let step = match line {
                         Ok(Some(msg)) => state.take(msg).map_err(|e| e.to_string()),
                         // The kernel is gone (killed, or out of memory).
@@ -450,8 +395,40 @@ impl Kernel {
     /// End the kernel and its sandbox; returns how the sandbox ended.
     pub async fn stop(self) -> Option<Outcome> {
         let _ = self.cancel.send(true);
-        drop(self.writer);
+        drop(self.channel);
         self.task.await.ok().and_then(|r| r.ok())
+    }
+}
+
+/// The live kernels of kernel-mode sessions, by session key: their one owner. A
+/// run takes its session's kernel out while a cell runs and puts it back after.
+#[derive(Default)]
+pub struct Kernels(tokio::sync::Mutex<HashMap<String, Kernel>>);
+
+impl Kernels {
+    /// The session's kernel, taken out (None: it has none, or a cell holds it).
+    pub async fn take(&self, key: &str) -> Option<Kernel> {
+        self.0.lock().await.remove(key)
+    }
+
+    /// Give the session's kernel back after a cell.
+    pub async fn put(&self, key: &str, kernel: Kernel) {
+        self.0.lock().await.insert(key.to_string(), kernel);
+    }
+
+    /// End the session's kernel, if it has one idle.
+    pub async fn stop(&self, key: &str) {
+        if let Some(k) = self.take(key).await {
+            k.stop().await;
+        }
+    }
+
+    /// End every kernel (daemon shutdown).
+    pub async fn stop_all(&self) {
+        let all: Vec<Kernel> = self.0.lock().await.drain().map(|(_, k)| k).collect();
+        for k in all {
+            k.stop().await;
+        }
     }
 }
 
@@ -570,8 +547,9 @@ mod tests {
 
     #[test]
     fn the_bootstrap_reads_exactly_the_source() {
-        let header = format!("{:010}", SOURCE.len());
-        assert_eq!(header.len(), 10);
+        let framed = kernel_source(SOURCE);
+        assert_eq!(framed.len(), SOURCE.len() + 10);
+        assert_eq!(std::str::from_utf8(&framed[..10]).unwrap().parse::<usize>().unwrap(), SOURCE.len());
         assert!(BOOTSTRAP.contains("_read(int(_read(10)))"));
     }
 }

@@ -17,6 +17,7 @@ pub mod kernel;
 /// The MCP tools live with the other surfaces, in `api/`.
 pub use api::mcp;
 pub mod mountinfo;
+pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod rootfs;

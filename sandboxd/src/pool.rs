@@ -1,16 +1,16 @@
 //! The pool: template interpreters made ahead of one-shot Python runs, the
-//! policy's preload modules imported ([`isolate::Template`]).
+//! policy's preload modules imported ([`isolate::PooledTemplate`]).
 //!
 //! A run takes an idle template, which forks; the fork enters a sandbox of its own
 //! (fresh namespaces, `/tmp`, `/proc`, privileges dropped, seccomp, Landlock —
-//! [`isolate::template`]), the session's workspace is attached to it, the code is
+//! [`isolate::fork`]), the session's workspace is attached to it, the code is
 //! sent, and when the run ends everything of the fork is killed. The template never
 //! runs user code: it only forks, one run at a time, and goes back to the pool.
 //! One background task makes templates, one at a time, at the least CPU weight, so
 //! under load runs fall back to cold sandboxes rather than wait.
 //!
 //! The protocol with `runner.py --template` is JSON lines, each read bounded and
-//! parsed strictly into the types of [`isolate::template`]. On the template's stdin
+//! parsed strictly into the types of [`isolate::fork`]. On the template's stdin
 //! socket: it says `{"ready": {"failed": [modules]}}`; the daemon sends `{"spec"}`
 //! with five fds (the library, the run's stdout and stderr, the run's socket, the
 //! run's report channel); the template answers `{"reaped": pid}` when that fork is
@@ -38,9 +38,9 @@
 //! the run's socket is a protocol violation: the daemon logs a short escaped
 //! excerpt at info, hangs up (the runner then exits) and takes the report.
 
-use crate::isolate::spec::ChildSpec;
-use crate::isolate::template::TemplateMessage;
-use crate::isolate::{self, Sandboxes, Template};
+use crate::isolate::message::{RunCode, TemplateMessage};
+use crate::isolate::{self, PooledTemplate, Sandboxes};
+use crate::plan;
 use crate::policy::Policy;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -85,7 +85,7 @@ pub struct Stats {
 
 #[derive(Default)]
 struct State {
-    ready: HashMap<String, VecDeque<Template>>,
+    ready: HashMap<String, VecDeque<PooledTemplate>>,
     /// Templates serving a run, from take to give-back.
     busy: HashMap<String, usize>,
     /// Of those, when each run still running started.
@@ -116,7 +116,7 @@ impl State {
 
 pub struct Pool {
     sandboxes: Arc<Sandboxes>,
-    /// `libsandboxd.so`, handed to each template's fork ([`isolate::template`]).
+    /// `libsandboxd.so`, handed to each template's fork ([`isolate::fork`]).
     library: Option<std::fs::File>,
     rootfs: PathBuf,
     policies: BTreeMap<String, Arc<Policy>>,
@@ -179,7 +179,7 @@ impl Pool {
     /// run, and a run it serves costs far less CPU than a cold sandbox, so under load
     /// runs queue for templates instead of crowding the CPU with cold sandboxes. A
     /// template busy with a long run is not waited for.
-    pub async fn take(&self, policy: &str) -> Option<(Template, tokio::time::Instant)> {
+    pub async fn take(&self, policy: &str) -> Option<(PooledTemplate, tokio::time::Instant)> {
         if self.size == 0 {
             return None;
         }
@@ -200,7 +200,7 @@ impl Pool {
     }
 
     /// An idle template now, or None and whether one should be back soon.
-    fn try_take(&self, policy: &str) -> (Option<(Template, tokio::time::Instant)>, bool) {
+    fn try_take(&self, policy: &str) -> (Option<(PooledTemplate, tokio::time::Instant)>, bool) {
         let mut dead = vec![];
         let now = tokio::time::Instant::now();
         let (taken, soon) = {
@@ -241,7 +241,7 @@ impl Pool {
     /// start there, before any of its code ran: the caller uses a cold sandbox.
     pub async fn serve(
         self: &Arc<Self>,
-        (mut template, taken_at): (Template, tokio::time::Instant),
+        (mut template, taken_at): (PooledTemplate, tokio::time::Instant),
         policy: &Arc<Policy>,
         job: &Job<'_>,
         bounds: &isolate::Bounds,
@@ -252,7 +252,7 @@ impl Pool {
         let started = async {
             let forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
             template.attach(&forked, job.workspace, job.owner_uid).await?;
-            let code = Code { code: job.code, run_id: job.run_id, autosave: job.autosave };
+            let code = RunCode { code: job.code, run_id: job.run_id, autosave: job.autosave };
             forked.send_code(&code).await
         }
         .await;
@@ -274,9 +274,7 @@ impl Pool {
                             template.destroy().await;
                             Err(isolate::Error::Retired(policy.template_runs))
                         }
-                        Some(library) => {
-                            template.recycle(oom_before, &fork_request(&me.rootfs, &policy), library).await
-                        }
+                        Some(library) => template.recycle(oom_before, &plan::child_spec(&policy), library).await,
                         None => Err(isolate::Error::NoStatus),
                     };
                     if let Err(e) = &back {
@@ -301,9 +299,9 @@ impl Pool {
     }
 
     /// Have `template` fork ahead of its first run (destroyed if it cannot).
-    async fn prepare(&self, mut template: Template, policy: &Policy) -> Result<Template, String> {
+    async fn prepare(&self, mut template: PooledTemplate, policy: &Policy) -> Result<PooledTemplate, String> {
         let Some(library) = self.library.as_ref() else { return Err("no pool library".into()) };
-        match template.prepare(&fork_request(&self.rootfs, policy), library).await {
+        match template.prepare(&plan::child_spec(policy), library).await {
             Ok(()) => Ok(template),
             Err(e) => {
                 template.destroy().await;
@@ -314,7 +312,7 @@ impl Pool {
 
     /// A template is done with its run (`recycled`: after it ran): idle again, or
     /// gone (`None`).
-    fn give_back(&self, policy: &str, template: Option<Template>, recycled: bool) {
+    fn give_back(&self, policy: &str, template: Option<PooledTemplate>, recycled: bool) {
         let unwanted = {
             let mut st = self.lock();
             let decrement = |counts: &mut HashMap<String, usize>| {
@@ -351,7 +349,7 @@ impl Pool {
             hits: st.hits,
             misses: st.misses,
             failures: st.failures,
-            memory_bytes: st.ready.values().flatten().filter_map(Template::memory_bytes).sum(),
+            memory_bytes: st.ready.values().flatten().filter_map(PooledTemplate::memory_bytes).sum(),
         }
     }
 
@@ -368,7 +366,7 @@ impl Pool {
         if let Some(task) = refiller {
             let _ = task.await;
         }
-        let all: Vec<Template> = self.lock().ready.drain().flat_map(|(_, v)| v).collect();
+        let all: Vec<PooledTemplate> = self.lock().ready.drain().flat_map(|(_, v)| v).collect();
         for p in all {
             p.destroy().await;
         }
@@ -434,17 +432,10 @@ impl Pool {
     }
 
     /// Start one template and wait until its interpreter has its imports.
-    async fn start(&self, policy: &Policy, uid: u32) -> Result<Template, String> {
-        let argv = vec![
-            "/opt/py/bin/python".to_string(),
-            "/opt/sandboxd/runner.py".to_string(),
-            "--template".to_string(),
-            policy.preload.join(","),
-        ];
-        let mut spec = crate::run::sandbox_spec(&self.rootfs, None, uid, policy, argv, None);
-        spec.template = true;
-        let limits = crate::run::cgroup_limits(policy);
-        let mut template = self.sandboxes.start_template(&spec, &limits).await.map_err(|e| e.to_string())?;
+    async fn start(&self, policy: &Policy, uid: u32) -> Result<PooledTemplate, String> {
+        let spec = plan::template_spec(&self.rootfs, uid, policy);
+        let limits = plan::cgroup_limits(policy);
+        let mut template = PooledTemplate::start(&self.sandboxes, &spec, &limits).await.map_err(|e| e.to_string())?;
         let ready = tokio::select! {
             r = tokio::time::timeout(READY_TIMEOUT, template.next_message()) => r,
             _ = self.stop.cancelled() => Ok(Ok(None)),
@@ -470,14 +461,6 @@ impl Pool {
     }
 }
 
-/// What a template's fork is told: the sizes and limits of `policy`.
-fn fork_request(rootfs: &std::path::Path, policy: &Policy) -> serde_json::Value {
-    let spec = crate::run::sandbox_spec(rootfs, None, 0, policy, vec![], None);
-    let child =
-        ChildSpec { tmp_size_bytes: spec.tmp_size_bytes, shm_size_bytes: spec.shm_size_bytes, rlimits: spec.rlimits };
-    serde_json::json!({ "spec": child })
-}
-
 /// A run that could not start in a template (nothing of it ran).
 #[derive(Debug)]
 pub struct Fallback(pub isolate::Error);
@@ -489,12 +472,4 @@ pub struct Job<'a> {
     pub code: &'a str,
     pub run_id: &'a str,
     pub autosave: bool,
-}
-
-/// A run's code, sent on its socket.
-#[derive(Serialize)]
-struct Code<'a> {
-    code: &'a str,
-    run_id: &'a str,
-    autosave: bool,
 }

@@ -3,8 +3,9 @@
 //! ([`crate::isolate`]), find the artifacts and shape the result.
 
 use crate::artifacts::{self, Snapshot};
-use crate::isolate::{self, cgroup, output::Chunk, spec};
+use crate::isolate::{self, output::Chunk};
 use crate::kernel;
+use crate::plan;
 use crate::policy::Policy;
 use crate::pool;
 use crate::session::Lease;
@@ -135,64 +136,40 @@ pub struct Context {
     pub public_url: String,
 }
 
-impl Context {
-    fn kernels(&self) -> &tokio::sync::Mutex<std::collections::HashMap<String, kernel::Kernel>> {
-        &self.sessions.kernels
+/// What decides a run's status, however it ran (a cold or pooled sandbox, a
+/// kernel's cell): the daemon's timer, the cgroup, its own findings, then the
+/// program's exit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ending {
+    /// The time limit ended it.
+    timed_out: bool,
+    /// The OOM killer ended it (a program that exited 0 anyway is not OOM).
+    oom_killed: bool,
+    /// The sandbox broke the protocol (a kernel's channel): the daemon ended it.
+    violation: bool,
+    /// A signal or a cancel ended it.
+    killed: bool,
+    /// It exited 0 (and a cell raised nothing).
+    succeeded: bool,
+}
+
+impl Ending {
+    /// The one place a status is worked out.
+    fn status(self) -> Status {
+        if self.timed_out {
+            Status::Timeout
+        } else if self.oom_killed {
+            Status::Oom
+        } else if self.violation {
+            Status::Error
+        } else if self.killed {
+            Status::Killed
+        } else if self.succeeded {
+            Status::Ok
+        } else {
+            Status::Error
+        }
     }
-}
-
-/// The environment of every sandboxed program: nothing from the host.
-pub fn environment(policy: &Policy) -> Vec<(String, String)> {
-    let threads = (policy.cpus.ceil() as u64).max(1).to_string();
-    [
-        ("PATH", "/opt/py/bin:/usr/local/bin:/usr/bin:/bin"),
-        ("HOME", "/tmp"),
-        ("USER", "sandbox"),
-        ("LANG", "C.UTF-8"),
-        ("LC_ALL", "C.UTF-8"),
-        ("TMPDIR", "/tmp"),
-        ("MPLBACKEND", "Agg"),
-        ("MPLCONFIGDIR", "/tmp/.mplconfig"),
-        ("PYTHONUNBUFFERED", "1"),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-        ("OPENBLAS_NUM_THREADS", threads.as_str()),
-        ("OMP_NUM_THREADS", threads.as_str()),
-        ("MKL_NUM_THREADS", threads.as_str()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
-/// The sandbox of a session under `policy`, running `argv`; without a workspace for
-/// a pooled sandbox (it is attached when a run takes it).
-pub fn sandbox_spec(
-    rootfs: &std::path::Path,
-    workspace: Option<&std::path::Path>,
-    uid: u32,
-    policy: &Policy,
-    argv: Vec<String>,
-    stdin: Option<String>,
-) -> spec::SandboxSpec {
-    spec::SandboxSpec {
-        rootfs: rootfs.into(),
-        workspace: workspace.map(Into::into),
-        argv,
-        env: environment(policy),
-        stdin,
-        host_uid: uid,
-        host_gid: uid,
-        tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
-        shm_size_bytes: policy.shm_mb * 1024 * 1024,
-        rlimits: spec::Rlimits { file_size_bytes: policy.file_size_mb * 1024 * 1024, open_files: policy.open_files },
-        hostname: "sandbox".into(),
-        template: false,
-    }
-}
-
-/// The cgroup limits of `policy`.
-pub fn cgroup_limits(policy: &Policy) -> cgroup::Limits {
-    cgroup::Limits { memory_bytes: policy.memory_bytes(), cpus: policy.cpus, pids: policy.pids }
 }
 
 /// Check what can be checked before a sandbox is made.
@@ -227,8 +204,8 @@ pub async fn execute(
     let (argv, stdin) = match req.language {
         Language::Python => (
             vec![
-                "/opt/py/bin/python".to_string(),
-                "/opt/sandboxd/runner.py".to_string(),
+                plan::PYTHON.to_string(),
+                plan::RUNNER.to_string(),
                 run_id.clone(),
                 if autosave { "1" } else { "0" }.to_string(),
             ],
@@ -239,8 +216,8 @@ pub async fn execute(
     let snapshot = snapshot(lease).await?;
     let run = isolate::Run {
         id: run_id.clone(),
-        spec: sandbox_spec(&ctx.rootfs, Some(&lease.workspace), lease.uid, policy, argv, stdin),
-        limits: cgroup_limits(policy),
+        spec: plan::sandbox_spec(&ctx.rootfs, Some(&lease.workspace), lease.uid, policy, argv, stdin),
+        limits: plan::cgroup_limits(policy),
         timeout,
         grace: Duration::from_secs(policy.grace_s),
         output_limit: policy.output_bytes(),
@@ -279,17 +256,14 @@ pub async fn execute(
 
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
 
-    let status = if outcome.timed_out {
-        Status::Timeout
-    } else if outcome.oom_killed && outcome.exit_code != Some(0) {
-        Status::Oom
-    } else if outcome.cancelled || outcome.signal.is_some() {
-        Status::Killed
-    } else if outcome.exit_code == Some(0) {
-        Status::Ok
-    } else {
-        Status::Error
-    };
+    let status = Ending {
+        timed_out: outcome.timed_out,
+        oom_killed: outcome.oom_killed && outcome.exit_code != Some(0),
+        violation: false,
+        killed: outcome.cancelled || outcome.signal.is_some(),
+        succeeded: outcome.exit_code == Some(0),
+    }
+    .status();
     let result = RunResult {
         run_id: run_id.clone(),
         session_id: lease.public_id.clone(),
@@ -392,7 +366,7 @@ async fn execute_cell(
     let grace = Duration::from_secs(policy.grace_s.max(1));
     let (kernel, end) = existing.exec(&cell, timeout, grace, lease.cancel.clone(), chunks).await;
     if let Some(k) = kernel {
-        ctx.kernels().lock().await.insert(lease.id.clone(), k);
+        ctx.sessions.kernels.put(&lease.id, k).await;
     }
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
     let mut result = RunResult {
@@ -412,13 +386,14 @@ async fn execute_cell(
     };
     match end {
         kernel::CellEnd::Done { reply, interrupted } => {
-            result.status = if interrupted {
-                Status::Timeout
-            } else if reply.exception.is_some() || reply.exit_code != 0 {
-                Status::Error
-            } else {
-                Status::Ok
-            };
+            result.status = Ending {
+                timed_out: interrupted,
+                oom_killed: false,
+                violation: false,
+                killed: false,
+                succeeded: reply.exception.is_none() && reply.exit_code == 0,
+            }
+            .status();
             result.exit_code = Some(reply.exit_code);
             result.stdout = reply.stdout;
             result.stderr = reply.stderr;
@@ -434,15 +409,9 @@ async fn execute_cell(
             // How it ended comes from the daemon's timer and the cgroup; a protocol
             // violation is the daemon's own finding.
             let oom = outcome.as_ref().is_some_and(|o| o.oom_killed);
-            result.status = if timed_out {
-                Status::Timeout
-            } else if oom {
-                Status::Oom
-            } else if violation.is_some() {
-                Status::Error
-            } else {
-                Status::Killed
-            };
+            result.status =
+                Ending { timed_out, oom_killed: oom, violation: violation.is_some(), killed: true, succeeded: false }
+                    .status();
             result.signal = Some(signal_name(libc::SIGKILL));
             let why = if timed_out {
                 "the cell ignored the interrupt at its time limit and was killed".to_string()
@@ -472,7 +441,7 @@ async fn execute_cell(
 
 /// The session's kernel, started now if it has none (or its last one died).
 async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Error> {
-    let existing = ctx.kernels().lock().await.remove(&lease.id);
+    let existing = ctx.sessions.kernels.take(&lease.id).await;
     match existing {
         Some(k) => Ok(k),
         None => kernel::Kernel::start(
@@ -492,4 +461,20 @@ async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Er
 
 pub fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_comes_from_the_timer_then_the_cgroup_then_the_program() {
+        let e = Ending::default();
+        assert_eq!(Ending { succeeded: true, ..e }.status(), Status::Ok);
+        assert_eq!(e.status(), Status::Error);
+        assert_eq!(Ending { killed: true, ..e }.status(), Status::Killed);
+        assert_eq!(Ending { killed: true, violation: true, ..e }.status(), Status::Error);
+        assert_eq!(Ending { killed: true, violation: true, oom_killed: true, ..e }.status(), Status::Oom);
+        assert_eq!(Ending { oom_killed: true, timed_out: true, killed: true, ..e }.status(), Status::Timeout);
+    }
 }

@@ -96,7 +96,7 @@ pub struct Manager {
     sessions: Mutex<HashMap<String, Live>>,
     idle: Notify,
     /// Live kernels of kernel-mode sessions, taken out while a cell runs.
-    pub kernels: tokio::sync::Mutex<HashMap<String, crate::kernel::Kernel>>,
+    pub kernels: crate::kernel::Kernels,
     /// Most sessions one token holds, and runs it has going, at once.
     token_max_sessions: usize,
     token_max_runs: usize,
@@ -214,7 +214,7 @@ impl Manager {
             uid_base,
             sessions: Mutex::new(HashMap::new()),
             idle: Notify::new(),
-            kernels: tokio::sync::Mutex::new(HashMap::new()),
+            kernels: crate::kernel::Kernels::default(),
             token_max_sessions: max_sessions,
             token_max_runs: max_sessions,
         })
@@ -472,10 +472,7 @@ impl Manager {
             // Wait for the run to end (it was told to die), then try again.
             let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
         }
-        let kernel = self.kernels.lock().await.remove(key);
-        if let Some(k) = kernel {
-            k.stop().await;
-        }
+        self.kernels.stop(key).await;
         let dir = self.session_dir(key);
         if let Err(e) = storage::unmount(&dir).await {
             tracing::warn!(session_id = %key, error = %e, "could not unmount the session's workspace");
@@ -585,10 +582,7 @@ impl Manager {
 
     /// End every kernel (daemon shutdown).
     pub async fn stop_kernels(&self) {
-        let kernels: Vec<crate::kernel::Kernel> = self.kernels.lock().await.drain().map(|(_, k)| k).collect();
-        for k in kernels {
-            k.stop().await;
-        }
+        self.kernels.stop_all().await;
     }
 
     /// Unmount every workspace (daemon shutdown); their files stay in the images.

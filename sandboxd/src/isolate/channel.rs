@@ -7,9 +7,17 @@
 //! newline costs the daemon `max` bytes and then a [`Error::TooLong`]. [`parse`]
 //! turns a line into a typed message, strictly; its errors carry no text of the
 //! peer's but a short, escaped excerpt ([`excerpt`]) fit for an info log line.
+//!
+//! [`Channel`] is the one type the daemon talks to its processes through: typed
+//! messages ([`super::message`]) as JSON lines, read with a [`LineReader`], and,
+//! on a Unix socket, sent with fds ([`Channel::send_with_fds`]). The blocking side
+//! (the slot, the helper, a template's fork) uses [`write_line`], [`send_datagram`],
+//! [`recv_datagram`] and [`recv_fds`]; every message is encoded by [`encode`].
 
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use serde::Serialize;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 /// Bytes read from the stream at a time.
 const READ_BUFFER: usize = 8 * 1024;
@@ -30,6 +38,12 @@ pub enum Error {
     /// escaped and cut short.
     #[error("an unreadable message ({reason}), starting \"{excerpt}\"")]
     Malformed { reason: String, excerpt: String },
+    #[error("encoding a message: {0}")]
+    Encode(String),
+    #[error("writing: {0}")]
+    Write(std::io::Error),
+    #[error("a message with {0} fds, not one of the counts expected")]
+    Fds(usize),
 }
 
 impl Error {
@@ -108,6 +122,159 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             Some(line) => parse(&line).map(Some).inspect_err(|_| self.broken = true),
             None => Ok(None),
         }
+    }
+}
+
+/// The one channel type: typed JSON lines over `S`, each read bounded (see
+/// [`LineReader`]), and for a Unix socket sent with fds.
+pub struct Channel<S> {
+    reader: LineReader<S>,
+}
+
+impl<S: AsyncRead + Unpin> Channel<S> {
+    /// Messages of at most `max` bytes are read from `stream`.
+    pub fn new(stream: S, max: usize) -> Channel<S> {
+        Channel { reader: LineReader::new(stream, max) }
+    }
+
+    /// The next message as a `T`; `None` at a clean end of the stream. After an
+    /// error the channel is out of step ([`Error::Broken`]): drop it.
+    pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, Error> {
+        self.reader.next().await
+    }
+
+    /// Nothing received is waiting to be read here.
+    pub fn is_idle(&self) -> bool {
+        self.reader.is_idle()
+    }
+
+    pub fn get_ref(&self) -> &S {
+        self.reader.get_ref()
+    }
+
+    pub fn get_mut(&mut self) -> &mut S {
+        self.reader.get_mut()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
+    /// Send `msg` as one JSON line.
+    pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), Error> {
+        let line = encode(msg)?;
+        self.get_mut().write_all(&line).await.map_err(Error::Write)
+    }
+}
+
+impl Channel<tokio::net::UnixStream> {
+    /// Send `msg` as one JSON line with `fds` attached (SCM_RIGHTS).
+    pub async fn send_with_fds<T: Serialize>(&self, msg: &T, fds: &[BorrowedFd<'_>]) -> Result<(), Error> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        let bytes = encode(msg)?;
+        let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+        let stream = self.get_ref();
+        loop {
+            stream.writable().await.map_err(Error::Write)?;
+            let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
+                let iov = [std::io::IoSlice::new(&bytes)];
+                let cmsg = [ControlMessage::ScmRights(&raw)];
+                sendmsg::<()>(stream.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+                    .map_err(std::io::Error::from)
+            });
+            match sent {
+                Ok(n) if n == bytes.len() => return Ok(()),
+                Ok(_) => return Err(Error::Write(std::io::Error::other("a short write"))),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(Error::Write(e)),
+            }
+        }
+    }
+
+    /// Has the process at the other end kept quiet, the stream open? It waits for
+    /// the daemon: anything to read, or the end of the stream, means it died or
+    /// misbehaved.
+    pub fn quiet(&self) -> bool {
+        let mut byte = [0u8; 1];
+        self.is_idle()
+            && matches!(self.get_ref().try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+impl Channel<tokio::net::unix::pipe::Receiver> {
+    /// Nothing written on the pipe yet, and its writer still there.
+    pub fn quiet(&self) -> bool {
+        let mut byte = [0u8; 1];
+        self.is_idle()
+            && matches!(self.get_ref().try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+/// `msg` as one JSON line, with its `'\n'`: how every JSON message is put on a wire.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, Error> {
+    let mut line = serde_json::to_vec(msg).map_err(|e| Error::Encode(e.to_string()))?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Write `msg` as one JSON line on a blocking writer.
+pub fn write_line<W: std::io::Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), Error> {
+    let line = encode(msg)?;
+    w.write_all(&line).map_err(Error::Write)
+}
+
+/// Send one datagram on a blocking SOCK_SEQPACKET socket: `msg` as JSON (without a
+/// newline: the datagram is the frame).
+pub fn send_datagram<T: Serialize>(sock: BorrowedFd<'_>, msg: &T) -> Result<(), Error> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| Error::Encode(e.to_string()))?;
+    nix::sys::socket::send(sock.as_raw_fd(), &bytes, nix::sys::socket::MsgFlags::empty())
+        .map_err(|e| Error::Write(e.into()))?;
+    Ok(())
+}
+
+/// Receive one datagram of at most `max` bytes on a SOCK_SEQPACKET socket as a `T`.
+pub fn recv_datagram<T: DeserializeOwned>(sock: BorrowedFd<'_>, max: usize) -> Result<T, Error> {
+    let mut buf = vec![0u8; max];
+    let n = nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, nix::sys::socket::MsgFlags::empty())
+        .map_err(|e| Error::Io(e.into()))?;
+    if n == 0 {
+        return Err(Error::Truncated);
+    }
+    parse(&buf[..n])
+}
+
+/// Send `bytes` with `fds` attached on a socket, without blocking.
+pub fn send_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Error> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let iov = [std::io::IoSlice::new(bytes)];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&raw)], MsgFlags::MSG_DONTWAIT, None)
+        .map_err(|e| Error::Write(e.into()))?;
+    Ok(())
+}
+
+/// Receive one message's fds (at most `MAX` of them, its bytes ignored) on a
+/// blocking socket, close-on-exec; `None` when the peer hung up. A message whose
+/// fd count is not in `counts` is refused (its fds are closed).
+pub fn recv_fds<const MAX: usize>(sock: BorrowedFd<'_>, counts: &[usize]) -> Result<Option<Vec<OwnedFd>>, Error> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; MAX]);
+    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(|e| Error::Io(e.into()))?;
+    if msg.bytes == 0 {
+        return Ok(None);
+    }
+    let mut fds: Vec<OwnedFd> = vec![];
+    for cmsg in msg.cmsgs().map_err(|e| Error::Io(e.into()))? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            // SAFETY: SCM_RIGHTS just installed these fds in our table; we own them.
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    if counts.contains(&fds.len()) {
+        Ok(Some(fds))
+    } else {
+        Err(Error::Fds(fds.len()))
     }
 }
 

@@ -5,12 +5,15 @@
 //! On the host, as root, it: reads the [`SandboxSpec`] from its control socket,
 //! clones the sandbox init into new namespaces (see [`super::init`]), writes the
 //! init's uid/gid maps, releases it, and reports [`Event`]s back until the init
-//! exits.
+//! exits, translating the init's [`InitLine`]s. The messages are in
+//! [`super::message`].
 
+use super::channel;
 use super::init;
+use super::message::{Attach, Event, Failure, InitLine};
 use super::mounts;
 use super::namespaces::{self, Forked};
-use super::spec::{Attach, Event, SandboxSpec};
+use super::spec::SandboxSpec;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
@@ -19,28 +22,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
-/// A step that failed, with its cause; reported as [`Event::SetupFailed`].
-#[derive(Debug)]
-pub struct Failure {
-    pub step: &'static str,
-    pub error: String,
-}
-
-impl Failure {
-    pub fn at<E: std::fmt::Display>(step: &'static str) -> impl FnOnce(E) -> Failure {
-        move |e| Failure { step, error: e.to_string() }
-    }
-}
-
 struct Control(UnixStream);
 
 impl Control {
     fn send(&mut self, event: &Event) {
-        if let Ok(mut line) = serde_json::to_vec(event) {
-            line.push(b'\n');
-            // If the daemon is gone there is no one to tell; PDEATHSIG ends us anyway.
-            let _ = self.0.write_all(&line);
-        }
+        // If the daemon is gone there is no one to tell; PDEATHSIG ends us anyway.
+        let _ = channel::write_line(&mut self.0, event);
     }
 }
 
@@ -71,7 +58,7 @@ fn run(socket: UnixStream, stdin: Option<OwnedFd>, control: &mut Control) -> Res
     if line.is_empty() {
         return Err(Failure { step: "read spec", error: "the daemon closed the control socket".into() });
     }
-    let spec: SandboxSpec = serde_json::from_str(&line).map_err(Failure::at("parse spec"))?;
+    let spec: SandboxSpec = channel::parse(line.as_bytes()).map_err(Failure::at("parse spec"))?;
     control.send(&Event::HelperStarted { pid: nix::unistd::getpid().as_raw() });
 
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
@@ -139,10 +126,10 @@ fn supervise(
     let _ = File::from(report).read_to_string(&mut text);
     let mut last = None;
     for line in text.lines() {
-        match init::parse_report(line) {
-            Some(Event::Warning { message }) => control.send(&Event::Warning { message }),
-            Some(e) => last = Some(e),
-            None => {}
+        match InitLine::parse(line).map(InitLine::into_event) {
+            Ok(Event::Warning { message }) => control.send(&Event::Warning { message }),
+            Ok(e) => last = Some(e),
+            Err(_) => {}
         }
     }
     // The program's status is known once the init has reported it: send it now. The
@@ -198,7 +185,7 @@ fn serve_attaches(
         if requests.read_line(&mut line).map_err(Failure::at("read attach"))? == 0 {
             return Ok(());
         }
-        let req: Attach = serde_json::from_str(&line).map_err(Failure::at("parse attach"))?;
+        let req: Attach = channel::parse(line.as_bytes()).map_err(Failure::at("parse attach"))?;
         if idmaps.len() >= 64 {
             idmaps.clear();
         }

@@ -8,12 +8,12 @@
 //! the program ends reports its status to the helper and exits: the kernel then
 //! kills whatever else is left in the pid namespace.
 //!
-//! Reports travel as lines on a pipe: `W msg` (warning), `F step\tmsg` (setup
-//! failed), `X code` (exited), `S signal` (killed by a signal).
+//! Reports travel as lines on a pipe ([`InitLine`]): `W msg` (warning),
+//! `F step\tmsg` (setup failed), `X code` (exited), `S signal` (killed by a signal).
 
-use super::helper::Failure;
+use super::message::{Failure, InitLine};
 use super::mounts::{self, Layout};
-use super::spec::{Event, Rlimits, SandboxSpec, SANDBOX_GID, SANDBOX_UID};
+use super::spec::{Rlimits, SandboxSpec, SANDBOX_GID, SANDBOX_UID};
 use super::{caps, landlock, namespaces, rlimits, seccomp};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -23,24 +23,8 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// Parse one report line into an event.
-pub fn parse_report(line: &str) -> Option<Event> {
-    let (kind, rest) = line.split_at_checked(1)?;
-    let rest = rest.trim_start();
-    match kind {
-        "W" => Some(Event::Warning { message: rest.into() }),
-        "X" => rest.parse().ok().map(|code| Event::Exited { code }),
-        "S" => rest.parse().ok().map(|signal| Event::Signaled { signal }),
-        "F" => {
-            let (step, error) = rest.split_once('\t').unwrap_or(("sandbox", rest));
-            Some(Event::SetupFailed { step: step.into(), error: error.into() })
-        }
-        _ => None,
-    }
-}
-
 pub(super) fn failure_line(f: &Failure) -> String {
-    format!("F {}\t{}\n", f.step, f.error.replace('\n', " "))
+    f.line().encode()
 }
 
 const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
@@ -163,14 +147,14 @@ pub(super) fn lock_down_and_fork(
     let mut text = String::new();
     let _ = File::from(err_r).read_to_string(&mut text);
     for line in text.lines() {
-        match parse_report(line) {
-            Some(Event::SetupFailed { step, error }) => {
+        match InitLine::parse(line) {
+            Ok(failed @ InitLine::Failed { .. }) => {
                 let _ = kill(child, Signal::SIGKILL);
                 let _ = waitpid(child, None);
-                return Ok(Role::Init(format!("F {step}\t{error}\n")));
+                return Ok(Role::Init(failed.encode()));
             }
-            Some(Event::Warning { message }) => {
-                let _ = report.write_all(format!("W {message}\n").as_bytes());
+            Ok(warning @ InitLine::Warning(_)) => {
+                let _ = report.write_all(warning.encode().as_bytes());
             }
             _ => {}
         }
@@ -208,12 +192,12 @@ fn program_setup(rlimits: &Rlimits, landlock: bool, err_w: &mut File) -> Result<
     match landlock::apply().map_err(Failure::at("landlock"))? {
         landlock::Enforcement::Full => {}
         other => {
-            let _ = writeln!(
-                err_w,
-                "W landlock is {} on this kernel (ABI {}); the sandbox relies on the mount namespace and seccomp alone for what it lacks",
+            let warning = InitLine::Warning(format!(
+                "landlock is {} on this kernel (ABI {}); the sandbox relies on the mount namespace and seccomp alone for what it lacks",
                 if other == landlock::Enforcement::None { "unavailable" } else { "only partly enforced" },
                 landlock::kernel_abi()
-            );
+            ));
+            let _ = err_w.write_all(warning.encode().as_bytes());
         }
     }
     Ok(())
@@ -230,14 +214,16 @@ pub(super) fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd
             continue;
         }
         if fds[1].any().unwrap_or(false) {
-            return format!("S {}\n", libc::SIGKILL);
+            return InitLine::Signaled(libc::SIGKILL).encode();
         }
         let Ok(Some(info)) = signals.read_signal() else { continue };
         match Signal::try_from(info.ssi_signo as i32) {
             Ok(Signal::SIGCHLD) => loop {
                 match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return format!("X {code}\n"),
-                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => return format!("S {}\n", sig as i32),
+                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return InitLine::Exited(code).encode(),
+                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                        return InitLine::Signaled(sig as i32).encode()
+                    }
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
                     Ok(_) => continue,
                 }
@@ -300,31 +286,4 @@ fn dup_stdin(fd: &OwnedFd) -> Result<(), Failure> {
 
 fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, Failure> {
     items.map(|s| CString::new(s).map_err(Failure::at("argument with a NUL byte"))).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_reports() {
-        assert_eq!(parse_report("X 3"), Some(Event::Exited { code: 3 }));
-        assert_eq!(parse_report("S 9"), Some(Event::Signaled { signal: 9 }));
-        assert_eq!(parse_report("W careful"), Some(Event::Warning { message: "careful".into() }));
-        assert_eq!(
-            parse_report("F mounts\tbind /x: EPERM"),
-            Some(Event::SetupFailed { step: "mounts".into(), error: "bind /x: EPERM".into() })
-        );
-        assert_eq!(parse_report(""), None);
-        assert_eq!(parse_report("X nope"), None);
-    }
-
-    #[test]
-    fn failure_lines_stay_on_one_line() {
-        let f = Failure { step: "exec", error: "a\nb".into() };
-        assert_eq!(
-            parse_report(failure_line(&f).trim_end()),
-            Some(Event::SetupFailed { step: "exec".into(), error: "a b".into() })
-        );
-    }
 }

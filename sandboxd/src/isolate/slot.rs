@@ -9,18 +9,20 @@
 //! migration and without an exec.
 
 use super::cgroup::RunCgroup;
-use super::helper::{self, Failure};
-use super::spec::{Event, Prepare};
+use super::channel;
+use super::helper;
+use super::message::{Failure, HelperFds, Prepare, SlotReply, RUN_BYTE};
 use nix::sys::signal::{signal, SigHandler, Signal};
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-fn send_json<T: serde::Serialize>(sock: &OwnedFd, msg: &T) -> Result<(), Failure> {
-    let bytes = serde_json::to_vec(msg).map_err(Failure::at("encode"))?;
-    nix::sys::socket::send(sock.as_raw_fd(), &bytes, MsgFlags::empty()).map_err(Failure::at("send"))?;
-    Ok(())
+/// The hidden first argument that turns the `sandboxd` binary into a slot.
+pub const HELPER_ARG: &str = "__sandbox";
+/// Longest datagram a slot or the daemon reads from the other.
+const DATAGRAM: usize = 64 * 1024;
+
+fn send_reply(sock: &OwnedFd, msg: &SlotReply) -> Result<(), Failure> {
+    channel::send_datagram(sock.as_fd(), msg).map_err(Failure::at("send"))
 }
 
 /// Entry point of `sandboxd __sandbox`: the slot process. Never returns.
@@ -44,14 +46,12 @@ fn slot_main() -> Result<(), Failure> {
     unsafe { libc::dup2(devnull.as_raw_fd(), 0) };
     std::mem::forget(stdin);
 
-    let mut buf = vec![0u8; 64 * 1024];
-    let n = nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(Failure::at("recv"))?;
-    let prepare: Prepare = serde_json::from_slice(&buf[..n]).map_err(Failure::at("parse prepare"))?;
+    let prepare: Prepare = channel::recv_datagram(sock.as_fd(), DATAGRAM).map_err(Failure::at("read prepare"))?;
     let ready = join(&prepare);
     match ready {
-        Ok(()) => send_json(&sock, &Event::Ready)?,
+        Ok(()) => send_reply(&sock, &SlotReply::Ready)?,
         Err(f) => {
-            let _ = send_json(&sock, &Event::SetupFailed { step: f.step.into(), error: f.error.clone() });
+            let _ = send_reply(&sock, &SlotReply::SetupFailed { step: f.step.into(), error: f.error.clone() });
             return Err(f);
         }
     }
@@ -63,7 +63,9 @@ fn slot_main() -> Result<(), Failure> {
     unsafe { signal(Signal::SIGCHLD, SigHandler::SigIgn) }.map_err(Failure::at("SIGCHLD"))?;
 
     loop {
-        let fds = match receive_fds(&sock) {
+        // [control, stdout, stderr] and, for a pooled sandbox, the program's stdin
+        // socket ([`HelperFds`]).
+        let fds = match channel::recv_fds::<4>(sock.as_fd(), &[3, 4]) {
             Ok(Some(fds)) => fds,
             Ok(None) => return Ok(()), // the daemon closed the socket
             Err(_) => continue,
@@ -96,29 +98,6 @@ fn join(prepare: &Prepare) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `[control, stdout, stderr]` and, for a pooled sandbox, the program's stdin
-/// socket, for one run; None when the daemon hung up.
-fn receive_fds(sock: &OwnedFd) -> Result<Option<Vec<OwnedFd>>, nix::Error> {
-    let mut byte = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    if msg.bytes == 0 {
-        return Ok(None);
-    }
-    let mut fds: Vec<OwnedFd> = vec![];
-    for cmsg in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(raw) = cmsg {
-            // SAFETY: SCM_RIGHTS just installed these fds in our table; we own them.
-            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-        }
-    }
-    match fds.len() {
-        3 | 4 => Ok(Some(fds)),
-        _ => Err(nix::Error::EBADMSG),
-    }
-}
-
 /// In the freshly forked child: the output pipes become stdout/stderr, and the
 /// helper serves the run on the control socket.
 fn become_helper(fds: Vec<OwnedFd>) -> ! {
@@ -143,17 +122,14 @@ fn become_helper(fds: Vec<OwnedFd>) -> ! {
 
 /// Wait (blocking) for the slot's answer to [`Prepare`].
 fn wait_ready(sock: &OwnedFd) -> Result<(), Failure> {
-    let mut buf = vec![0u8; 64 * 1024];
     // The attach takes ~10 ms; a slot that does not answer in 30 s is broken.
     let tv = nix::sys::time::TimeVal::new(30, 0);
     nix::sys::socket::setsockopt(sock, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
         .map_err(Failure::at("setsockopt"))?;
-    let n = nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty())
-        .map_err(Failure::at("wait for the slot"))?;
-    match serde_json::from_slice::<Event>(&buf[..n]) {
-        Ok(Event::Ready) => Ok(()),
-        Ok(Event::SetupFailed { step, error }) => Err(Failure { step: "slot", error: format!("{step}: {error}") }),
-        _ => Err(Failure { step: "slot", error: "the slot process ended before it was ready".into() }),
+    match channel::recv_datagram::<SlotReply>(sock.as_fd(), DATAGRAM) {
+        Ok(SlotReply::Ready) => Ok(()),
+        Ok(SlotReply::SetupFailed { step, error }) => Err(Failure { step: "slot", error: format!("{step}: {error}") }),
+        Err(_) => Err(Failure { step: "slot", error: "the slot process ended before it was ready".into() }),
     }
 }
 
@@ -216,7 +192,8 @@ impl Slot {
             .kill_on_drop(true)
             .spawn()
             .map_err(Failure::at("start the slot process"))?;
-        send_json(&ours, &Prepare { cgroup_procs: cg.procs_files(), daemon_pid: std::process::id() })?;
+        let prepare = Prepare { cgroup_procs: cg.procs_files(), daemon_pid: std::process::id() };
+        channel::send_datagram(ours.as_fd(), &prepare).map_err(Failure::at("send"))?;
         Ok((process, ours))
     }
 
@@ -229,21 +206,8 @@ impl Slot {
         matches!(self.process.try_wait(), Ok(None))
     }
 
-    /// Ask the slot to fork a helper for one run; `stdin`, for a pooled sandbox,
-    /// becomes the program's fd 0.
-    pub fn fork_helper(
-        &self,
-        control: &OwnedFd,
-        stdout: &OwnedFd,
-        stderr: &OwnedFd,
-        stdin: Option<&OwnedFd>,
-    ) -> Result<(), Failure> {
-        let mut fds = vec![control.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()];
-        fds.extend(stdin.map(|s| s.as_raw_fd()));
-        let cmsg = [ControlMessage::ScmRights(&fds)];
-        let iov = [IoSlice::new(b"r")];
-        sendmsg::<()>(self.sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)
-            .map_err(Failure::at("hand the run to the slot"))?;
-        Ok(())
+    /// Ask the slot to fork a helper for one run, handing it `fds`.
+    pub fn fork_helper(&self, fds: &HelperFds<'_>) -> Result<(), Failure> {
+        channel::send_fds(self.sock.as_fd(), RUN_BYTE, &fds.to_vec()).map_err(Failure::at("hand the run to the slot"))
     }
 }

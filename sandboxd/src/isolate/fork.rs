@@ -1,4 +1,6 @@
-//! Forks of a template interpreter, each in a sandbox of its own.
+//! Inside a pooled sandbox: what each fork of its template interpreter runs to
+//! become a sandbox of its own. (The daemon's handle on the template is
+//! [`super::pooled::PooledTemplate`].)
 //!
 //! A pooled sandbox's Python (`runner.py --template`) imports the policy's preload
 //! modules once and then serves runs one after another: for each it forks, and the
@@ -27,14 +29,14 @@
 //! Nothing here allocates after the first fork beyond what the cold init does; the
 //! template's Python is single-threaded in the fork (threads do not survive it).
 
-use super::helper::Failure;
+use super::channel;
 use super::init::{self, Role};
+use super::message::{Failure, InitLine, Report};
 use super::mounts::{self, MountOp};
 use super::namespaces;
-use super::spec::{ChildSpec, Event, SANDBOX_GID, SANDBOX_UID};
+use super::spec::{ChildSpec, SANDBOX_GID, SANDBOX_UID};
 use nix::sys::signal::Signal;
 use nix::unistd::{fork, ForkResult};
-use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -42,47 +44,6 @@ use std::path::PathBuf;
 
 /// The namespaces a fork leaves the template's for.
 const UNSHARE_FLAGS: libc::c_int = namespaces::CLONE_FLAGS;
-
-/// What a template says on its stdin socket (it runs no user code; still read
-/// bounded and strictly).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TemplateMessage {
-    /// The preload modules are imported (those in `failed` could not be).
-    Ready { failed: Vec<String> },
-    /// A run's fork (this pid in the template's namespace) is gone.
-    Reaped(i32),
-}
-
-/// What a run's process says on the run's socket before it gets its code: it is in
-/// its own sandbox, locked down, and waits. The user's code has not run yet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ForkMessage {
-    Entered(bool),
-}
-
-/// What a run's process may say on the run's socket once it has its code: the exit
-/// code it is about to leave with, after closing its output. The user's code shares
-/// the socket, so this is a claim (see [`crate::pool`] for what it can decide).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunClaim {
-    ExitCode(u8),
-}
-
-/// How a run ended, from its outer process on the report channel, which no
-/// process of the run holds: trusted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Report {
-    /// The run's process exited with this code.
-    ExitCode(i32),
-    /// The run's process (or its init) was killed by this signal.
-    Signal(i32),
-    /// The sandbox could not be made; the run's process never got to run anything.
-    Failed { step: String, error: String },
-}
 
 /// C entry point, called by the template's fork with the [`ChildSpec`] as JSON, the
 /// run's socket and the run's report channel. Returns 0 in the run's process,
@@ -103,7 +64,7 @@ pub unsafe extern "C" fn sandboxd_enter(spec: *const u8, len: usize, socket: Raw
     // SAFETY: the caller owns `report`; the outer process writes on it and ends
     // (through _exit, so nothing closes it twice).
     let mut out = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(report) });
-    let result = serde_json::from_slice::<ChildSpec>(bytes)
+    let result = channel::parse::<ChildSpec>(bytes)
         .map_err(Failure::at("parse the run's spec"))
         .and_then(|spec| enter(&spec, socket, report));
     match result {
@@ -116,10 +77,7 @@ pub unsafe extern "C" fn sandboxd_enter(spec: *const u8, len: usize, socket: Raw
 }
 
 fn send(out: &mut File, msg: &Report) {
-    if let Ok(mut line) = serde_json::to_vec(msg) {
-        line.push(b'\n');
-        let _ = out.write_all(&line);
-    }
+    let _ = channel::write_line(out, msg);
 }
 
 /// The mounts a fork makes over its copy of the template's filesystem.
@@ -225,11 +183,13 @@ fn final_message(report: &str, status: nix::Result<nix::sys::wait::WaitStatus>) 
 /// How the run ended, once the init's report (complete lines) says so.
 fn final_report(report: &str) -> Option<Report> {
     let complete = &report[..report.rfind('\n')? + 1];
-    match complete.lines().filter_map(init::parse_report).rfind(|e| !matches!(e, Event::Warning { .. }))? {
-        Event::Exited { code } => Some(Report::ExitCode(code)),
-        Event::Signaled { signal } => Some(Report::Signal(signal)),
-        Event::SetupFailed { step, error } => Some(Report::Failed { step, error }),
-        _ => None,
+    let last =
+        complete.lines().filter_map(|l| InitLine::parse(l).ok()).rfind(|l| !matches!(l, InitLine::Warning(_)))?;
+    match last {
+        InitLine::Exited(code) => Some(Report::ExitCode(code)),
+        InitLine::Signaled(signal) => Some(Report::Signal(signal)),
+        InitLine::Failed { step, error } => Some(Report::Failed { step, error }),
+        InitLine::Warning(_) => None,
     }
 }
 
@@ -303,7 +263,6 @@ mod tests {
         assert_eq!(maps[0], ("setgroups", "deny".to_string()), "setgroups first, as gid_map requires");
         assert_eq!(maps[1].1, "1000 1000 1\n");
         assert_eq!(maps[2].1, "1000 1000 1\n");
-        assert_eq!(UNSHARE_FLAGS, namespaces::CLONE_FLAGS);
     }
 
     #[test]
@@ -344,38 +303,6 @@ mod tests {
         assert_eq!(final_report("W careful\n"), None);
         assert_eq!(final_report("W careful\nX 0"), None);
         assert_eq!(final_report("W careful\nX 0\n"), Some(Report::ExitCode(0)));
-    }
-
-    #[test]
-    fn the_protocol_messages_round_trip_in_their_wire_form() {
-        use crate::isolate::channel::parse;
-        let wire: [(&[u8], TemplateMessage); 2] = [
-            (br#"{"ready":{"failed":["nope"]}}"#, TemplateMessage::Ready { failed: vec!["nope".into()] }),
-            (br#"{"reaped":12}"#, TemplateMessage::Reaped(12)),
-        ];
-        for (line, msg) in wire {
-            assert_eq!(parse::<TemplateMessage>(line).unwrap(), msg);
-            assert_eq!(serde_json::to_vec(&msg).unwrap(), line);
-        }
-        assert_eq!(parse::<ForkMessage>(br#"{"entered": true}"#).unwrap(), ForkMessage::Entered(true));
-        assert_eq!(parse::<RunClaim>(br#"{"exit_code": 255}"#).unwrap(), RunClaim::ExitCode(255));
-        for r in [Report::ExitCode(-1), Report::Signal(9), Report::Failed { step: "s".into(), error: "e".into() }] {
-            assert_eq!(parse::<Report>(&serde_json::to_vec(&r).unwrap()).unwrap(), r);
-        }
-        // What the user's code could write instead is none of these.
-        for bad in [
-            &br#"{"failed":{"step":"x","error":"evil"}}"#[..],
-            br#"{"signal":9}"#,
-            br#"{"exit_code":256}"#,
-            br#"{"exit_code":-1}"#,
-            br#"{"exit_code":0,"signal":9}"#,
-            br#"{"entered":true}"#,
-        ] {
-            assert!(parse::<RunClaim>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
-        for bad in [&br#"{"failed":{"step":"x","error":"evil"}}"#[..], br#"{"entered":true,"x":1}"#, br#""entered""#] {
-            assert!(parse::<ForkMessage>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
     }
 
     #[test]

@@ -1,0 +1,526 @@
+//! Every message between the daemon and the processes it starts, channel by
+//! channel. The bytes on each wire are fixed: the Python side
+//! (`rootfs/support/sandboxd_runner.py`, `kernel.py`) and the in-sandbox processes
+//! of this binary speak exactly these. Everything is read bounded and parsed
+//! strictly ([`super::channel`]); a line that is not one of a channel's messages
+//! is an [`Error::Malformed`], never a panic.
+//!
+//! | channel | carrier | daemon → peer | peer → daemon |
+//! |---|---|---|---|
+//! | slot | SOCK_SEQPACKET, one datagram each | [`Prepare`], then per run `r` + [`HelperFds`] | [`SlotReply`] |
+//! | helper control | stream socket, JSON lines | one [`SandboxSpec`], then [`Attach`]es | [`Event`]s |
+//! | init report | pipe, text lines | — | [`InitLine`] (init → helper, or → a fork's outer process) |
+//! | template | the template's stdin socket, JSON lines | [`ForkRequest`] + [`ForkFds`] | [`TemplateMessage`] |
+//! | a pooled run's socket | stream socket, JSON lines | [`RunCode`] | [`ForkMessage`], then [`RunClaim`] |
+//! | a pooled run's report | pipe, JSON lines | — | [`Report`] (from the fork's outer process) |
+//! | `sandboxd_enter` | a C argument | [`ChildSpec`] as JSON (the `spec` of a [`ForkRequest`]) | — |
+//! | kernel | the kernel's stdin socket | [`kernel_source`], then [`KernelCell`] lines | [`KernelMessage`] lines |
+
+pub use super::channel::Error;
+pub use super::spec::{ChildSpec, SandboxSpec};
+use serde::{Deserialize, Serialize};
+#[cfg(test)]
+use std::os::fd::AsFd;
+use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
+
+/// A step of building a sandbox that failed, with its cause, in the in-sandbox
+/// processes (slot, helper, init, a template's fork); reported as
+/// [`SlotReply::SetupFailed`], [`InitLine::Failed`], [`Event::SetupFailed`] or
+/// [`Report::Failed`].
+#[derive(Debug)]
+pub struct Failure {
+    pub step: &'static str,
+    pub error: String,
+}
+
+impl Failure {
+    pub fn at<E: std::fmt::Display>(step: &'static str) -> impl FnOnce(E) -> Failure {
+        move |e| Failure { step, error: e.to_string() }
+    }
+
+    pub fn line(&self) -> InitLine {
+        InitLine::Failed { step: self.step.into(), error: self.error.clone() }
+    }
+}
+
+// ---- slot ----------------------------------------------------------------------
+
+/// The slot's first datagram: get ready for runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepare {
+    /// `cgroup.procs` files the slot joins, once; its helpers are born there.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The daemon's pid: the slot exits at once if its parent is already gone.
+    pub daemon_pid: u32,
+}
+
+/// The slot's answer to [`Prepare`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum SlotReply {
+    /// The slot is in its cgroup and waits for runs.
+    Ready,
+    /// It could not join its cgroup (it then exits).
+    SetupFailed { step: String, error: String },
+}
+
+/// The byte each run's datagram to a slot carries (its fds are what matter).
+pub const RUN_BYTE: &[u8] = b"r";
+
+/// The fds of one run, handed to a slot (SCM_RIGHTS, in this order): the helper's
+/// control socket, the run's stdout and stderr pipes, and for a pooled or kernel
+/// sandbox the program's stdin socket.
+pub struct HelperFds<'a> {
+    pub control: BorrowedFd<'a>,
+    pub stdout: BorrowedFd<'a>,
+    pub stderr: BorrowedFd<'a>,
+    pub stdin: Option<BorrowedFd<'a>>,
+}
+
+impl<'a> HelperFds<'a> {
+    pub fn to_vec(&self) -> Vec<BorrowedFd<'a>> {
+        let mut fds = vec![self.control, self.stdout, self.stderr];
+        fds.extend(self.stdin);
+        fds
+    }
+}
+
+// ---- helper control --------------------------------------------------------------
+
+/// Sent to the helper of a pooled sandbox after [`Event::Started`]: mount this
+/// workspace at `/mnt/data`, its files owned by `owner` on disk appearing as the
+/// sandbox user's (an idmapped mount). The helper answers [`Event::Attached`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attach {
+    /// Host pid of a process whose mount namespace gets the workspace: a template's
+    /// fork. `None`: the sandbox's own.
+    #[serde(default)]
+    pub pid: Option<i32>,
+    pub workspace: PathBuf,
+    /// The host uid/gid that owns the workspace's files (the session's).
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+}
+
+/// A message from the helper to the daemon, one JSON object per line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The run's helper process exists; `pid` is its host pid.
+    HelperStarted { pid: i32 },
+    /// The sandbox's init process exists; `init_pid` is its host pid.
+    Started { init_pid: i32 },
+    /// The workspace of a pooled sandbox is mounted.
+    Attached,
+    /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.
+    Warning { message: String },
+    /// The program ended by itself.
+    Exited { code: i32 },
+    /// The program was killed by a signal.
+    Signaled { signal: i32 },
+    /// The sandbox's init was killed (by the daemon at a timeout, or the OOM killer)
+    /// before the program's status could be reported.
+    InitKilled { signal: i32 },
+    /// Building the sandbox failed before the program ran.
+    SetupFailed { step: String, error: String },
+}
+
+// ---- init report -------------------------------------------------------------------
+
+/// A line the sandbox's init (or its program's process, before exec) writes on its
+/// report pipe: `W msg` (warning), `F step<TAB>msg` (setup failed), `X code`
+/// (exited), `S signal` (killed by a signal). Texts never hold a newline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitLine {
+    Warning(String),
+    Failed { step: String, error: String },
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl InitLine {
+    /// The line, with its `'\n'`; newlines inside the texts become spaces.
+    pub fn encode(&self) -> String {
+        let one = |s: &str| s.replace('\n', " ");
+        match self {
+            InitLine::Warning(m) => format!("W {}\n", one(m)),
+            InitLine::Failed { step, error } => format!("F {}\t{}\n", one(step).replace('\t', " "), one(error)),
+            InitLine::Exited(code) => format!("X {code}\n"),
+            InitLine::Signaled(sig) => format!("S {sig}\n"),
+        }
+    }
+
+    /// One line, without its `'\n'`. A failure without a step is the sandbox's.
+    pub fn parse(line: &str) -> Result<InitLine, Error> {
+        let bad = |reason: &str| Error::Malformed {
+            reason: reason.into(),
+            excerpt: super::channel::excerpt(line.as_bytes()),
+        };
+        let (kind, rest) = line.split_at_checked(1).ok_or_else(|| bad("an empty report line"))?;
+        let rest = rest.trim_start();
+        match kind {
+            "W" => Ok(InitLine::Warning(rest.into())),
+            "X" => rest.parse().map(InitLine::Exited).map_err(|_| bad("an exit code that is not a number")),
+            "S" => rest.parse().map(InitLine::Signaled).map_err(|_| bad("a signal that is not a number")),
+            "F" => {
+                let (step, error) = rest.split_once('\t').unwrap_or(("sandbox", rest));
+                Ok(InitLine::Failed { step: step.into(), error: error.into() })
+            }
+            _ => Err(bad("an unknown report kind")),
+        }
+    }
+
+    /// The helper's [`Event`] for this line.
+    pub fn into_event(self) -> Event {
+        match self {
+            InitLine::Warning(message) => Event::Warning { message },
+            InitLine::Failed { step, error } => Event::SetupFailed { step, error },
+            InitLine::Exited(code) => Event::Exited { code },
+            InitLine::Signaled(signal) => Event::Signaled { signal },
+        }
+    }
+}
+
+// ---- template ------------------------------------------------------------------------
+
+/// What a template says on its stdin socket (it runs no user code; still read
+/// bounded and strictly).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateMessage {
+    /// The preload modules are imported (those in `failed` could not be).
+    Ready { failed: Vec<String> },
+    /// A run's fork (this pid in the template's namespace) is gone.
+    Reaped(i32),
+}
+
+/// Sent to a template, with [`ForkFds`]: fork once for a run; the fork hands
+/// `spec` to `sandboxd_enter` (`{"spec": {...}}`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    pub spec: ChildSpec,
+}
+
+/// The five fds of a [`ForkRequest`] (SCM_RIGHTS, in this order).
+pub struct ForkFds<'a> {
+    /// `libsandboxd.so`, which the template loads once for `sandboxd_enter`.
+    pub library: BorrowedFd<'a>,
+    pub stdout: BorrowedFd<'a>,
+    pub stderr: BorrowedFd<'a>,
+    /// The run's socket ([`ForkMessage`], [`RunCode`], [`RunClaim`]).
+    pub socket: BorrowedFd<'a>,
+    /// The run's report channel ([`Report`]).
+    pub report: BorrowedFd<'a>,
+}
+
+impl<'a> ForkFds<'a> {
+    pub fn to_vec(&self) -> Vec<BorrowedFd<'a>> {
+        vec![self.library, self.stdout, self.stderr, self.socket, self.report]
+    }
+}
+
+// ---- a pooled run's socket -------------------------------------------------------
+
+/// What a run's process says on the run's socket before it gets its code: it is in
+/// its own sandbox, locked down, and waits. The user's code has not run yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForkMessage {
+    Entered(bool),
+}
+
+/// A run's code, sent on its socket once the fork said [`ForkMessage::Entered`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunCode<'a> {
+    pub code: &'a str,
+    pub run_id: &'a str,
+    pub autosave: bool,
+}
+
+/// What a run's process may say on the run's socket once it has its code: the exit
+/// code it is about to leave with, after closing its output. The user's code shares
+/// the socket, so this is a claim (see [`crate::pool`] for what it can decide).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunClaim {
+    ExitCode(u8),
+}
+
+// ---- a pooled run's report ---------------------------------------------------------
+
+/// How a run ended, from its outer process on the report channel, which no
+/// process of the run holds: trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Report {
+    /// The run's process exited with this code.
+    ExitCode(i32),
+    /// The run's process (or its init) was killed by this signal.
+    Signal(i32),
+    /// The sandbox could not be made; the run's process never got to run anything.
+    Failed { step: String, error: String },
+}
+
+// ---- kernel ---------------------------------------------------------------------------
+
+/// The first bytes on a kernel's socket: kernel.py's source, after its length in
+/// 10 decimal digits (the bootstrap reads exactly that much).
+pub fn kernel_source(source: &str) -> Vec<u8> {
+    let mut bytes = format!("{:010}", source.len()).into_bytes();
+    bytes.extend_from_slice(source.as_bytes());
+    bytes
+}
+
+/// One cell, as the daemon sends it to a kernel, with the nonce that tags its
+/// answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KernelCell<'a> {
+    pub code: &'a str,
+    pub run_id: &'a str,
+    pub autosave: bool,
+    /// Bytes of each stream the kernel keeps (the daemon keeps no more either).
+    pub output_limit: usize,
+    pub nonce: &'a str,
+}
+
+/// What a kernel (or the user's code in its process) may write, one per line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum KernelMessage {
+    /// kernel.py is running and serves cells.
+    Ready {},
+    /// Output of the cell with `nonce`, as it was produced.
+    Chunk { nonce: String, stream: Stream, text: String },
+    /// The cell with `nonce` is over. Its output came as chunks before.
+    Reply {
+        nonce: String,
+        result: Option<Rich>,
+        exception: Option<Exception>,
+        exit_code: u8,
+        /// The kernel dropped output past the limit.
+        stdout_truncated: bool,
+        stderr_truncated: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A final expression's value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rich {
+    #[serde(rename = "text/plain")]
+    pub plain: String,
+    #[serde(rename = "text/html", default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+}
+
+/// An exception a cell raised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exception {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::channel::{encode, parse, Channel};
+    use super::super::spec::Rlimits;
+    use super::*;
+
+    fn child() -> ChildSpec {
+        ChildSpec { tmp_size_bytes: 1, shm_size_bytes: 2, rlimits: Rlimits { file_size_bytes: 3, open_files: 4 } }
+    }
+
+    /// `msg` encodes to exactly `wire` (plus the newline) and `wire` parses back.
+    fn exact<T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(wire: &str, msg: T) {
+        assert_eq!(encode(&msg).unwrap(), format!("{wire}\n").into_bytes());
+        assert_eq!(parse::<T>(wire.as_bytes()).unwrap(), msg);
+    }
+
+    #[test]
+    fn slot_messages_keep_their_wire_form() {
+        exact(
+            r#"{"cgroup_procs":["/c/cgroup.procs"],"daemon_pid":7}"#,
+            Prepare { cgroup_procs: vec!["/c/cgroup.procs".into()], daemon_pid: 7 },
+        );
+        exact(r#"{"event":"ready"}"#, SlotReply::Ready);
+        exact(
+            r#"{"event":"setup_failed","step":"s","error":"e"}"#,
+            SlotReply::SetupFailed { step: "s".into(), error: "e".into() },
+        );
+        assert_eq!(RUN_BYTE, b"r");
+    }
+
+    #[test]
+    fn helper_messages_keep_their_wire_form() {
+        exact(r#"{"event":"helper_started","pid":3}"#, Event::HelperStarted { pid: 3 });
+        exact(r#"{"event":"started","init_pid":4}"#, Event::Started { init_pid: 4 });
+        exact(r#"{"event":"attached"}"#, Event::Attached);
+        exact(r#"{"event":"warning","message":"w"}"#, Event::Warning { message: "w".into() });
+        exact(r#"{"event":"exited","code":-1}"#, Event::Exited { code: -1 });
+        exact(r#"{"event":"signaled","signal":9}"#, Event::Signaled { signal: 9 });
+        exact(r#"{"event":"init_killed","signal":9}"#, Event::InitKilled { signal: 9 });
+        exact(
+            r#"{"event":"setup_failed","step":"mounts","error":"x"}"#,
+            Event::SetupFailed { step: "mounts".into(), error: "x".into() },
+        );
+        exact(
+            r#"{"pid":12,"workspace":"/w","owner_uid":5,"owner_gid":6}"#,
+            Attach { pid: Some(12), workspace: "/w".into(), owner_uid: 5, owner_gid: 6 },
+        );
+        // A pid may be left out: the sandbox's own mount namespace.
+        let a: Attach = parse(br#"{"workspace":"/w","owner_uid":5,"owner_gid":6}"#).unwrap();
+        assert_eq!(a.pid, None);
+        for bad in [&br#"{"event":"ready"}"#[..], br#"{"event":"nope"}"#, br#"{"started":1}"#, b"{", b""] {
+            assert!(parse::<Event>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn init_lines_round_trip_and_stay_on_one_line() {
+        for (line, msg) in [
+            ("X 3", InitLine::Exited(3)),
+            ("S 9", InitLine::Signaled(9)),
+            ("W careful", InitLine::Warning("careful".into())),
+            ("F mounts\tbind /x: EPERM", InitLine::Failed { step: "mounts".into(), error: "bind /x: EPERM".into() }),
+        ] {
+            assert_eq!(msg.encode(), format!("{line}\n"));
+            assert_eq!(InitLine::parse(line).unwrap(), msg);
+        }
+        let f = Failure { step: "exec", error: "a\nb".into() };
+        assert_eq!(f.line().encode(), "F exec\ta b\n");
+        assert_eq!(InitLine::Warning("x\ny".into()).encode(), "W x y\n");
+        assert_eq!(
+            InitLine::parse("F lost").unwrap(),
+            InitLine::Failed { step: "sandbox".into(), error: "lost".into() }
+        );
+        assert_eq!(InitLine::parse("X 3").unwrap().into_event(), Event::Exited { code: 3 });
+        for bad in ["", "X nope", "S", "Q 1", "é"] {
+            assert!(InitLine::parse(bad).unwrap_err().is_violation(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn template_messages_are_what_the_runner_sends_and_reads() {
+        // sandboxd_runner.py: json.dumps({"ready": {"failed": failed}}) and {"reaped": pid}.
+        exact(r#"{"ready":{"failed":["nope"]}}"#, TemplateMessage::Ready { failed: vec!["nope".into()] });
+        exact(r#"{"reaped":12}"#, TemplateMessage::Reaped(12));
+        assert_eq!(
+            parse::<TemplateMessage>(br#"{"ready": {"failed": []}}"#).unwrap(),
+            TemplateMessage::Ready { failed: vec![] }
+        );
+        // The runner reads json.loads(data)["spec"] and hands it to sandboxd_enter.
+        let req = encode(&ForkRequest { spec: child() }).unwrap();
+        assert_eq!(
+            String::from_utf8(req).unwrap(),
+            "{\"spec\":{\"tmp_size_bytes\":1,\"shm_size_bytes\":2,\"rlimits\":{\"file_size_bytes\":3,\"open_files\":4}}}\n"
+        );
+        for bad in [&br#"{"reaped":"x"}"#[..], br#"{"ready":{}}"#, br#"{"forked":1}"#, b"null"] {
+            assert!(parse::<TemplateMessage>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_pooled_runs_messages_are_what_the_runner_sends_and_reads() {
+        // sandboxd_runner.py sends b'{"entered": true}\n', then
+        // json.dumps({"exit_code": exit_code}); it reads msg["code"], ["run_id"], ["autosave"].
+        assert_eq!(parse::<ForkMessage>(br#"{"entered": true}"#).unwrap(), ForkMessage::Entered(true));
+        assert_eq!(parse::<RunClaim>(br#"{"exit_code": 255}"#).unwrap(), RunClaim::ExitCode(255));
+        exact(r#"{"exit_code":0}"#, RunClaim::ExitCode(0));
+        let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true };
+        assert_eq!(encode(&code).unwrap(), b"{\"code\":\"print(1)\\n\",\"run_id\":\"r1\",\"autosave\":true}\n");
+        exact(r#"{"exit_code":-1}"#, Report::ExitCode(-1));
+        exact(r#"{"signal":9}"#, Report::Signal(9));
+        exact(r#"{"failed":{"step":"s","error":"e"}}"#, Report::Failed { step: "s".into(), error: "e".into() });
+        // What the user's code could write instead is none of the claims.
+        for bad in [
+            &br#"{"failed":{"step":"x","error":"evil"}}"#[..],
+            br#"{"signal":9}"#,
+            br#"{"exit_code":256}"#,
+            br#"{"exit_code":-1}"#,
+            br#"{"exit_code":0,"signal":9}"#,
+            br#"{"entered":true}"#,
+        ] {
+            assert!(parse::<RunClaim>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        for bad in [&br#"{"failed":{"step":"x","error":"evil"}}"#[..], br#"{"entered":true,"x":1}"#, br#""entered""#] {
+            assert!(parse::<ForkMessage>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn kernel_messages_are_what_kernel_py_sends_and_reads() {
+        // kernel.py: json.dumps(obj, ensure_ascii=False), with its default separators.
+        assert_eq!(parse::<KernelMessage>(br#"{"kind": "ready"}"#).unwrap(), KernelMessage::Ready {});
+        assert_eq!(
+            parse::<KernelMessage>(
+                "{\"kind\": \"chunk\", \"nonce\": \"n\", \"stream\": \"stdout\", \"text\": \"é\"}".as_bytes()
+            )
+            .unwrap(),
+            KernelMessage::Chunk { nonce: "n".into(), stream: Stream::Stdout, text: "é".into() }
+        );
+        let cell = KernelCell { code: "1", run_id: "r", autosave: false, output_limit: 10, nonce: "n" };
+        assert_eq!(
+            encode(&cell).unwrap(),
+            b"{\"code\":\"1\",\"run_id\":\"r\",\"autosave\":false,\"output_limit\":10,\"nonce\":\"n\"}\n"
+        );
+        assert_eq!(kernel_source("abc"), b"0000000003abc");
+        assert!(parse::<KernelMessage>(br#"{"kind":"nope"}"#).unwrap_err().is_violation());
+    }
+
+    #[tokio::test]
+    async fn a_channel_sends_and_receives_typed_lines_and_refuses_the_rest() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (mut a, mut b) = (Channel::new(a, 64), Channel::new(b, 64));
+        a.send(&Event::Attached).await.unwrap();
+        a.send(&Event::Exited { code: 2 }).await.unwrap();
+        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Attached));
+        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Exited { code: 2 }));
+        // An unknown tag: a typed error, and the channel is out of step from then on.
+        use tokio::io::AsyncWriteExt;
+        a.get_mut().write_all(b"{\"event\":\"evil\"}\n").await.unwrap();
+        assert!(b.recv::<Event>().await.unwrap_err().is_violation());
+        assert!(matches!(b.recv::<Event>().await, Err(Error::Broken)));
+        // An oversized line costs the limit and is refused.
+        let (c, d) = tokio::net::UnixStream::pair().unwrap();
+        let (mut c, mut d) = (Channel::new(c, 64), Channel::new(d, 64));
+        c.send(&Event::Warning { message: "x".repeat(100) }).await.unwrap();
+        assert!(matches!(d.recv::<Event>().await, Err(Error::TooLong(64))));
+        drop(c);
+        // A clean end of the stream is None.
+        let (e, f) = tokio::net::UnixStream::pair().unwrap();
+        drop(e);
+        assert_eq!(Channel::new(f, 64).recv::<Event>().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_channel_passes_fds_with_its_message() {
+        use std::io::{Read, Write};
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let a = Channel::new(tokio::net::UnixStream::from_std(a).unwrap(), 1024);
+        let (r, w) = super::super::process::pipe().unwrap();
+        a.send_with_fds(&ForkRequest { spec: child() }, &[w.as_fd()]).await.unwrap();
+        drop(w);
+        let got = tokio::task::spawn_blocking(move || {
+            let fds = super::super::channel::recv_fds::<5>(b.as_fd(), &[1]).unwrap().unwrap();
+            let mut pipe = std::fs::File::from(fds.into_iter().next().unwrap());
+            pipe.write_all(b"through").unwrap();
+        })
+        .await;
+        assert!(got.is_ok());
+        let mut text = String::new();
+        std::fs::File::from(r).read_to_string(&mut text).unwrap();
+        assert_eq!(text, "through");
+    }
+}

@@ -1,0 +1,360 @@
+//! The daemon's handle on a pooled template ([`PooledTemplate`]): a sandbox whose
+//! interpreter has imported the policy's preload modules and forks once per run,
+//! each fork entering a sandbox of its own (inside: [`super::fork`]). Starting
+//! one, forking it ahead of a run, attaching a workspace, supervising the run
+//! ([`super::supervise`]) and recycling it all live here; the pool of them is
+//! [`crate::pool`]. The messages are in [`super::message`].
+
+use super::cgroup;
+use super::channel::{self, Channel};
+use super::message::{Attach, Event, ForkFds, ForkMessage, ForkRequest, Report, RunCode, TemplateMessage};
+use super::output::Chunk;
+use super::process::{children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pair};
+use super::sandboxes::Sandboxes;
+use super::slot;
+use super::spec::{ChildSpec, SandboxSpec};
+use super::supervise::{drive, launch, run_ended, Bounds, Done, Error, Launched, Outcome, Usage};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// Longest line read from a template's socket or a run's report channel.
+const TEMPLATE_LINE: usize = 64 * 1024;
+/// Longest line read from a pooled run's socket (its messages are a few bytes).
+const RUN_LINE: usize = 4 * 1024;
+
+/// A pooled sandbox whose interpreter has imported the policy's preload modules and
+/// forks once per run; each fork enters a sandbox of its own ([`super::fork`]).
+pub struct PooledTemplate {
+    sandboxes: Arc<Sandboxes>,
+    slot: slot::Slot,
+    sandbox: Launched,
+    /// The daemon's end of the template's stdin socket ([`TemplateMessage`]s in,
+    /// [`ForkRequest`]s out).
+    program: Channel<tokio::net::UnixStream>,
+    /// Host pid of the template's interpreter, once looked up.
+    python_pid: Option<i32>,
+    /// The fork made ahead of the next run ([`PooledTemplate::prepare`]).
+    prepared: Option<Forked>,
+    /// Runs served so far (the pool retires a template after its policy's
+    /// `template_runs`).
+    served: u64,
+}
+
+/// A template's fork, in its own namespaces, waiting for its code: its socket has
+/// said [`ForkMessage::Entered`] and is quiet. No user code has run.
+pub struct Forked {
+    /// The daemon's end of the run's socket, shared by the runner and (once it has
+    /// its code) the user's code.
+    program: Channel<tokio::net::UnixStream>,
+    /// The run's report channel, held by its outer process alone ([`Report`]).
+    report: Channel<tokio::net::unix::pipe::Receiver>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    /// Host pids: the fork that stayed in the template's namespaces, and the
+    /// run's init (pid 1 of its namespace).
+    outer_pid: i32,
+    init_pid: i32,
+    /// Host pid of the run's own process.
+    program_pid: i32,
+    /// The run's init, to kill it once the run is over without ever signalling
+    /// another process that got its pid after it died.
+    init_pidfd: OwnedFd,
+}
+
+/// A fork requested, not yet known to be in its namespaces.
+struct PendingFork {
+    program: Channel<tokio::net::UnixStream>,
+    report: Channel<tokio::net::unix::pipe::Receiver>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// A template's fork that was sent its code. From here on its socket is the user's
+/// too: it may carry the run's [`super::message::RunClaim`] and nothing else, and a
+/// failure is never accepted (the run cannot turn into a sandbox that failed to
+/// build).
+pub struct Running(Forked);
+
+impl Forked {
+    /// Send the run its code: the fork becomes [`Running`].
+    pub async fn send_code(mut self, code: &RunCode<'_>) -> Result<Running, Error> {
+        self.program.send(code).await?;
+        Ok(Running(self))
+    }
+
+    /// Still waiting for its code: nothing said, nothing closed.
+    fn quiet(&self) -> bool {
+        self.program.quiet() && self.report.quiet()
+    }
+}
+
+impl PooledTemplate {
+    /// Start a pooled sandbox in a slot of `sandboxes`: built without a workspace,
+    /// its program (a template interpreter) started with a socket as stdin, at the
+    /// least CPU weight while it imports. `spec.workspace` must be `None` and
+    /// `spec.template` true.
+    pub async fn start(
+        sandboxes: &Arc<Sandboxes>,
+        spec: &SandboxSpec,
+        limits: &cgroup::Limits,
+    ) -> Result<PooledTemplate, Error> {
+        let slot = sandboxes.take().await?;
+        let launched = async {
+            slot.cg.set_limits(limits)?;
+            slot.cg.set_idle(true)?;
+            let (program, theirs) = socket_pair().map_err(Error::Control)?;
+            let mut sandbox = launch(&slot, spec, Some(&OwnedFd::from(theirs))).await?;
+            let waited = tokio::time::timeout(Duration::from_secs(60), sandbox.wait_started()).await;
+            waited.map_err(|_| Error::Setup { step: "start".into(), error: "no init within 60 s".into() })??;
+            // The template's own output goes nowhere: each run has its own pipes.
+            sandbox.stdout = None;
+            sandbox.stderr = None;
+            Ok::<_, Error>((sandbox, program))
+        };
+        match launched.await {
+            Ok((sandbox, program)) => Ok(PooledTemplate {
+                sandboxes: sandboxes.clone(),
+                slot,
+                sandbox,
+                program: Channel::new(program, TEMPLATE_LINE),
+                python_pid: None,
+                prepared: None,
+                served: 0,
+            }),
+            Err(e) => {
+                sandboxes.release(slot).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Memory the sandbox holds now.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.slot.cg.memory_current()
+    }
+
+    /// Host pid of the template's interpreter: the init's only child.
+    fn python_pid(&mut self) -> Result<i32, Error> {
+        if let Some(pid) = self.python_pid {
+            return Ok(pid);
+        }
+        let init = self.sandbox.init_pid.ok_or(Error::NoStatus)?;
+        let pid = children(init).first().copied().ok_or(Error::NoStatus)?;
+        self.python_pid = Some(pid);
+        Ok(pid)
+    }
+
+    /// Fork ahead of the next run: see [`PooledTemplate::fork`]. Taken by
+    /// [`PooledTemplate::take_prepared`].
+    pub async fn prepare(&mut self, spec: &ChildSpec, library: &std::fs::File) -> Result<(), Error> {
+        let forked = self.fork(spec, library).await?;
+        self.prepared = Some(forked);
+        Ok(())
+    }
+
+    /// The fork made ahead of this run, if it is still there.
+    pub fn take_prepared(&mut self) -> Option<Forked> {
+        let forked = self.prepared.take()?;
+        forked.quiet().then_some(forked)
+    }
+
+    /// Has the template kept quiet, its socket open? It waits for the daemon:
+    /// anything to read, or the end of the stream, means it died or misbehaved.
+    pub fn quiet(&self) -> bool {
+        self.program.quiet()
+    }
+
+    /// The template's next message (`None`: its socket closed).
+    pub async fn next_message(&mut self) -> Result<Option<TemplateMessage>, channel::Error> {
+        self.program.recv::<TemplateMessage>().await
+    }
+
+    /// Have the template fork for one run, sending it `spec` with the library, the
+    /// run's output pipes and its socket, and wait until the fork is in its own
+    /// namespaces.
+    async fn fork(&mut self, spec: &ChildSpec, library: &std::fs::File) -> Result<Forked, Error> {
+        let pending = self.request_fork(spec, library).await?;
+        self.await_fork(pending).await
+    }
+
+    /// Send the fork request; the template forks at once.
+    async fn request_fork(&mut self, spec: &ChildSpec, library: &std::fs::File) -> Result<PendingFork, Error> {
+        // Forking ahead of a run waits behind everything else on the machine (the
+        // answer to the run just finished, first of all); the run gets full weight.
+        self.slot.cg.set_idle(true)?;
+        let (out_r, out_w) = pipe().map_err(Error::Control)?;
+        let (err_r, err_w) = pipe().map_err(Error::Control)?;
+        let (report_r, report_w) = pipe().map_err(Error::Control)?;
+        let (program, theirs) = socket_pair().map_err(Error::Control)?;
+        let fds = ForkFds {
+            library: library.as_fd(),
+            stdout: out_w.as_fd(),
+            stderr: err_w.as_fd(),
+            socket: theirs.as_fd(),
+            report: report_w.as_fd(),
+        };
+        self.program.send_with_fds(&ForkRequest { spec: spec.clone() }, &fds.to_vec()).await?;
+        let report = tokio::net::unix::pipe::Receiver::from_owned_fd(report_r).map_err(Error::Control)?;
+        Ok(PendingFork {
+            program: Channel::new(program, RUN_LINE),
+            report: Channel::new(report, TEMPLATE_LINE),
+            stdout: out_r,
+            stderr: err_r,
+        })
+    }
+
+    /// Wait until the fork says it is in its own namespaces; find its host pids.
+    async fn await_fork(&mut self, pending: PendingFork) -> Result<Forked, Error> {
+        let PendingFork { mut program, mut report, stdout, stderr } = pending;
+        let fork_failed = |error: &str| Error::Setup { step: "fork".into(), error: error.into() };
+        // Why a fork ended before it entered: its report (it has written it by the
+        // time its socket closes).
+        let why = |ended: Result<Option<Report>, channel::Error>| match ended {
+            Ok(Some(Report::Failed { step, error })) => Error::Setup { step, error },
+            _ => fork_failed("the template's fork ended"),
+        };
+        let entered = async {
+            tokio::select! {
+                first = program.recv::<ForkMessage>() => match first {
+                    Ok(Some(ForkMessage::Entered(true))) => Ok(()),
+                    Ok(None) => {
+                        let ended = tokio::time::timeout(Duration::from_secs(1), report.recv::<Report>()).await;
+                        Err(ended.map(why).unwrap_or_else(|_| fork_failed("the template's fork ended")))
+                    }
+                    Ok(Some(_)) | Err(_) => Err(fork_failed("the template's fork broke the protocol")),
+                },
+                ended = report.recv::<Report>() => Err(why(ended)),
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(10), entered).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(fork_failed("no fork within 10 s")),
+        }
+        let python = self.python_pid()?;
+        // The template's only fork still running: the others were reaped, or are
+        // being torn down (their outer process has no child left).
+        let outer_pid = children(python)
+            .into_iter()
+            .find(|p| !children(*p).is_empty())
+            .ok_or(Error::Setup { step: "fork".into(), error: "the fork is not there".into() })?;
+        let init_pid = children(outer_pid).first().copied().ok_or(Error::NoStatus)?;
+        let init_pidfd = pidfd_open(init_pid).map_err(Error::Control)?;
+        // The run's process is waiting for its code, so its init (which waits for
+        // it) is still the process behind `init_pid`.
+        let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
+        Ok(Forked { program, report, stdout, stderr, outer_pid, init_pid, program_pid, init_pidfd })
+    }
+
+    /// Mount the session's workspace (owned by `owner` on the host) at `/mnt/data`
+    /// in the fork's mount namespace.
+    pub async fn attach(&mut self, forked: &Forked, workspace: &std::path::Path, owner: u32) -> Result<(), Error> {
+        let req =
+            Attach { pid: Some(forked.outer_pid), workspace: workspace.into(), owner_uid: owner, owner_gid: owner };
+        self.slot.cg.set_idle(false)?;
+        let control = self.sandbox.control.as_mut().ok_or(Error::NoStatus)?;
+        control.send(&req).await?;
+        loop {
+            match self.sandbox.next_event().await? {
+                Event::Attached => return Ok(()),
+                Event::SetupFailed { step, error } => return Err(Error::Setup { step, error }),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Supervise the run that was just sent its code, as [`Sandboxes::run`] does
+    /// ([`run_ended`] says how it ended). The run's processes are all killed before
+    /// this returns.
+    pub async fn finish(
+        &mut self,
+        running: Running,
+        bounds: &Bounds,
+        chunks: Option<mpsc::Sender<Chunk>>,
+        mut cancel: watch::Receiver<bool>,
+    ) -> Result<Outcome, Error> {
+        let oom_before = self.slot.cg.oom_kills();
+        self.served += 1;
+        let Forked { mut program, mut report, stdout, stderr, init_pid, init_pidfd, .. } = running.0;
+        let mut run = Launched {
+            control: None,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            helper_pid: None,
+            init_pid: Some(init_pid),
+            warnings: vec![],
+        };
+        let started = Instant::now();
+        let ended: Done<'_> = Box::pin(async { Some(run_ended(&mut program, &mut report, &bounds.id).await) });
+        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended)).await;
+        // Tearing the fork down (three processes unmapping a copy of the template's
+        // memory) waits behind the answer to the run.
+        let _ = self.slot.cg.set_idle(true);
+        pidfd_kill(&init_pidfd);
+        // The run's process may wait for its socket to close: only now.
+        drop((program, report));
+        let usage = Usage::since(&self.slot.cg, oom_before);
+        Ok(result?.complete(usage))
+    }
+
+    /// After a run: fork ahead of the next one (`spec`), while the template
+    /// reaps this run's fork. Once it has, and nothing but the new fork is left in
+    /// the cgroup, it may serve another run. Otherwise (an OOM kill in the cgroup,
+    /// which may have hit the template; a template that does not answer or cannot
+    /// fork) it is destroyed.
+    pub async fn recycle(
+        mut self,
+        oom_before: u64,
+        spec: &ChildSpec,
+        library: &std::fs::File,
+    ) -> Result<PooledTemplate, Error> {
+        let pending = self.request_fork(spec, library).await;
+        let answered = tokio::time::timeout(Duration::from_secs(5), self.next_message()).await;
+        let reaped = matches!(answered, Ok(Ok(Some(TemplateMessage::Reaped(_)))));
+        let forked = match pending {
+            Ok(p) if reaped => self.await_fork(p).await,
+            Ok(_) => Err(Error::Setup { step: "recycle".into(), error: "the template did not reap its fork".into() }),
+            Err(e) => Err(e),
+        };
+        let checked = forked.and_then(|f| {
+            let mut keep = vec![self.sandbox.helper_pid, self.sandbox.init_pid, self.python_pid];
+            keep.extend([self.slot.pid().map(|p| p as i32), Some(f.outer_pid), Some(f.init_pid), Some(f.program_pid)]);
+            if let Some(p) = self.slot.cg.pids().into_iter().find(|p| !keep.contains(&Some(*p))) {
+                return Err(Error::Setup { step: "recycle".into(), error: format!("pid {p} is left of the run") });
+            }
+            if self.slot.cg.oom_kills() != oom_before {
+                return Err(Error::Setup { step: "recycle".into(), error: "the run met the OOM killer".into() });
+            }
+            Ok(f)
+        });
+        match checked {
+            Ok(f) if self.slot.alive() => {
+                self.prepared = Some(f);
+                Ok(self)
+            }
+            other => {
+                self.destroy().await;
+                Err(other.err().unwrap_or(Error::NoStatus))
+            }
+        }
+    }
+
+    /// Runs this template has served.
+    pub fn served(&self) -> u64 {
+        self.served
+    }
+
+    /// OOM kills so far in the template's cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        self.slot.cg.oom_kills()
+    }
+
+    /// End the sandbox and give its slot back.
+    pub async fn destroy(self) {
+        kill_all(self.sandbox.init_pid, self.sandbox.helper_pid);
+        let PooledTemplate { sandboxes, slot, .. } = self;
+        sandboxes.release(slot).await;
+    }
+}

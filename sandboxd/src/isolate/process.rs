@@ -1,0 +1,60 @@
+//! Process plumbing the daemon uses on its sandboxes: pidfds, signals, the
+//! children of a process, pipes. Nothing here knows what a sandbox is.
+
+use std::os::fd::OwnedFd;
+
+/// A pidfd for `pid`.
+pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the fd was just returned to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
+}
+
+/// SIGKILL the process behind `pidfd` (nothing happens if it has already ended).
+pub fn pidfd_kill(pidfd: &OwnedFd) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal reads only its integer arguments (no siginfo).
+    unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<u8>(), 0);
+    }
+}
+
+pub fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+/// SIGKILL the sandbox's init: the kernel then kills its whole pid namespace, and the
+/// helper reaps the init, reports and exits. Only when the init is not known yet is
+/// the helper killed instead (the init, if any, dies with it).
+pub fn kill_all(init_pid: Option<i32>, helper_pid: Option<i32>) {
+    if let Some(pid) = init_pid.or(helper_pid) {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// The host pids of `pid`'s children (its main thread's).
+pub fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Into::into)
+}
+
+/// A connected pair of stream sockets: the daemon's end (non-blocking, for tokio)
+/// and the other.
+pub fn socket_pair() -> std::io::Result<(tokio::net::UnixStream, std::os::unix::net::UnixStream)> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    Ok((tokio::net::UnixStream::from_std(ours)?, theirs))
+}

@@ -1,0 +1,175 @@
+//! The slot pool: reusable slots ([`super::slot`]), some kept ready, and one run
+//! in a fresh sandbox ([`Sandboxes::run`]) supervised by [`super::supervise`].
+
+use super::cgroup;
+use super::output::Chunk;
+use super::slot::{self, HELPER_ARG};
+use super::supervise::{drive, launch, Error, Outcome, Run, Usage};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc, watch};
+
+/// Where the helper binary is: this very executable.
+fn helper_exe() -> PathBuf {
+    PathBuf::from("/proc/self/exe")
+}
+
+/// Makes sandboxes in reusable slots ([`slot`]), keeping some ready.
+pub struct Sandboxes {
+    pub cgroups: cgroup::Cgroups,
+    idle: Mutex<Vec<slot::Slot>>,
+    /// Slots made at start-up, before any run needs them.
+    prewarm: usize,
+    /// Most idle slots kept; more are made under load and removed afterwards.
+    max_idle: usize,
+}
+
+impl Sandboxes {
+    pub fn new(cgroups: cgroup::Cgroups, prewarm: usize, max_idle: usize) -> Arc<Sandboxes> {
+        Arc::new(Sandboxes { cgroups, idle: Mutex::new(vec![]), prewarm, max_idle: max_idle.max(prewarm) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<slot::Slot>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make a slot: its cgroup, and its process joined to it (~10 ms on v1).
+    async fn new_slot(&self) -> Result<slot::Slot, Error> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let cg = self.cgroups.create(&id)?;
+        slot::Slot::start(id, cg, &helper_exe(), HELPER_ARG)
+            .await
+            .map_err(|f| Error::Setup { step: f.step.into(), error: f.error })
+    }
+
+    /// Make the start-up slots (in the background).
+    pub fn prewarm(self: &Arc<Self>) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            for _ in 0..me.prewarm {
+                match me.new_slot().await {
+                    Ok(s) => me.lock().push(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not make a sandbox slot ahead of time");
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    pub(super) async fn take(&self) -> Result<slot::Slot, Error> {
+        loop {
+            let popped = self.lock().pop();
+            match popped {
+                Some(mut s) => {
+                    if s.alive() {
+                        return Ok(s);
+                    }
+                    destroy(s).await;
+                }
+                None => return self.new_slot().await,
+            }
+        }
+    }
+
+    async fn give_back(&self, mut s: slot::Slot) {
+        if s.alive() {
+            let mut idle = self.lock();
+            if idle.len() < self.max_idle {
+                idle.push(s);
+                return;
+            }
+        }
+        destroy(s).await;
+    }
+
+    /// How many slots wait for runs.
+    pub fn idle_slots(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Remove every idle slot (daemon shutdown).
+    pub async fn shutdown(&self) {
+        let slots: Vec<slot::Slot> = self.lock().drain(..).collect();
+        for s in slots {
+            destroy(s).await;
+        }
+    }
+
+    /// Run the program in a new sandbox. `chunks`, when given, receives the output
+    /// as it is produced (within the caps). Setting `cancel` to true kills the run.
+    /// `started`, when given, receives the host pid of the sandbox's init (to signal it).
+    pub async fn run(
+        self: &Arc<Self>,
+        run: Run,
+        chunks: Option<mpsc::Sender<Chunk>>,
+        cancel: watch::Receiver<bool>,
+        started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+    ) -> Result<Outcome, Error> {
+        self.run_with_stdin(run, None, chunks, cancel, started_tx).await
+    }
+
+    /// [`Sandboxes::run`], the program's stdin being `stdin` when given (a kernel's
+    /// channel to the daemon) instead of `run.spec.stdin`.
+    pub async fn run_with_stdin(
+        self: &Arc<Self>,
+        run: Run,
+        stdin: Option<OwnedFd>,
+        chunks: Option<mpsc::Sender<Chunk>>,
+        mut cancel: watch::Receiver<bool>,
+        started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+    ) -> Result<Outcome, Error> {
+        let started = Instant::now();
+        let slot = self.take().await?;
+        tracing::debug!(run_id = %run.id, slot = %slot.id, elapsed_us = started.elapsed().as_micros() as u64, "slot taken");
+        let oom_before = slot.cg.oom_kills();
+        slot.cg.reset_peak();
+        let result = match slot.cg.set_limits(&run.limits) {
+            Ok(()) => match launch(&slot, &run.spec, stdin.as_ref()).await {
+                Ok(mut sandbox) => {
+                    // Only the sandbox holds the program's end now.
+                    drop(stdin);
+                    drive(&mut sandbox, &run.bounds(), chunks, &mut cancel, started, started_tx, None).await
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e.into()),
+        };
+        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox ended");
+        let usage = self.end(slot, oom_before).await;
+        Ok(result?.complete(usage))
+    }
+
+    /// After a run: kill whatever is left in the slot, read its OOM count and peak,
+    /// and give it back.
+    async fn end(&self, slot: slot::Slot, oom_before: u64) -> Usage {
+        slot.cg.kill_except(slot.pid());
+        let usage = Usage::since(&slot.cg, oom_before);
+        self.give_back(slot).await;
+        usage
+    }
+
+    /// Kill whatever is left in the slot and give it back.
+    pub(super) async fn release(&self, slot: slot::Slot) {
+        slot.cg.kill_except(slot.pid());
+        self.give_back(slot).await;
+    }
+}
+
+/// Kill a slot's process and remove its cgroup.
+async fn destroy(mut s: slot::Slot) {
+    let _ = s.process.start_kill();
+    let _ = s.process.wait().await;
+    let cg = s.cg;
+    let removed = tokio::task::spawn_blocking(move || {
+        cg.kill();
+        cg.remove()
+    })
+    .await;
+    if let Ok(Err(e)) = removed {
+        tracing::warn!(slot = %s.id, error = %e, "could not remove a slot's cgroup");
+    }
+}
