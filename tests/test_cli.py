@@ -69,3 +69,16 @@ def test_health_unreachable_and_completions(daemon, tmp_path):
     assert r.returncode == 69 and "cannot reach sandboxd" in r.stderr
     comp = subprocess.run([str(CTL), "completions", "bash"], capture_output=True, text=True)
     assert comp.returncode == 0 and "sandboxctl" in comp.stdout
+
+
+def test_names_the_sandbox_chose_reach_the_terminal_escaped(daemon):
+    """A file name is sandboxed code's choice: `files ls` and the artifacts list show
+    its control characters escaped, so no escape sequence reaches the terminal."""
+    sid = ctl(daemon, "sessions", "new").stdout.strip()
+    made = ctl(daemon, "run", "--session", sid, stdin="open('x\\x1b]0;pwned\\x07\\nfake.txt', 'w').write('1')\n")
+    assert made.returncode == 0, made.stderr
+    assert "\x1b" not in made.stderr and "\\u{1b}]0;pwned\\u{7}\\nfake.txt" in made.stderr, made.stderr
+    ls = ctl(daemon, "files", "ls", sid)
+    assert ls.returncode == 0 and "\x1b" not in ls.stdout and "\x07" not in ls.stdout
+    assert ls.stdout == "1\ttext/plain\tx\\u{1b}]0;pwned\\u{7}\\nfake.txt\n", ls.stdout
+    assert ctl(daemon, "sessions", "rm", sid).returncode == 0

@@ -101,6 +101,8 @@ struct State {
     start_errors: BTreeMap<String, String>,
     next_uid: u32,
     stopped: bool,
+    /// Templates given back after the pool stopped: [`Pool::shutdown`] destroys them.
+    retiring: Vec<PooledTemplate>,
 }
 
 impl State {
@@ -313,7 +315,7 @@ impl Pool {
     /// A template is done with its run (`recycled`: after it ran): idle again, or
     /// gone (`None`).
     fn give_back(&self, policy: &str, template: Option<PooledTemplate>, recycled: bool) {
-        let unwanted = {
+        {
             let mut st = self.lock();
             let decrement = |counts: &mut HashMap<String, usize>| {
                 if let Some(n) = counts.get_mut(policy) {
@@ -325,15 +327,12 @@ impl Pool {
                 decrement(&mut st.recycling);
             }
             match template {
-                Some(t) if !st.stopped => {
-                    st.ready.entry(policy.into()).or_default().push_back(t);
-                    None
-                }
-                other => other,
+                Some(t) if !st.stopped => st.ready.entry(policy.into()).or_default().push_back(t),
+                // The daemon is stopping: its shutdown waits for these and destroys
+                // them (a task spawned now might never run).
+                Some(t) => st.retiring.push(t),
+                None => {}
             }
-        };
-        if let Some(t) = unwanted {
-            tokio::spawn(t.destroy());
         }
         self.wake.notify_one();
         self.returned.notify_waiters();
@@ -366,7 +365,27 @@ impl Pool {
         if let Some(task) = refiller {
             let _ = task.await;
         }
-        let all: Vec<PooledTemplate> = self.lock().ready.drain().flat_map(|(_, v)| v).collect();
+        // Templates still being recycled after their last run come back (to
+        // `retiring`) within moments; wait for them, within a bound.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let returned = self.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            if self.lock().recycling.values().all(|n| *n == 0) {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, returned).await.is_err() {
+                tracing::warn!("pooled templates still recycling at shutdown: left to the cgroup clean-up");
+                break;
+            }
+        }
+        let all: Vec<PooledTemplate> = {
+            let mut st = self.lock();
+            let mut all: Vec<PooledTemplate> = st.ready.drain().flat_map(|(_, v)| v).collect();
+            all.append(&mut st.retiring);
+            all
+        };
         for p in all {
             p.destroy().await;
         }

@@ -212,7 +212,7 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                 if !result.artifacts.is_empty() {
                     eprintln!("sandboxctl: session {} artifacts:", result.session_id);
                     for a in &result.artifacts {
-                        eprintln!("  {} ({} bytes)", a.path, a.size_bytes);
+                        eprintln!("  {} ({} bytes)", printable(&a.path), a.size_bytes);
                     }
                 }
             }
@@ -252,7 +252,7 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
             match command {
                 FilesCommand::Ls { session } => {
                     for f in client.list_files(&session).await? {
-                        println!("{}\t{}\t{}", f.size_bytes, f.mime_type, f.path);
+                        println!("{}\t{}\t{}", f.size_bytes, f.mime_type, printable(&f.path));
                     }
                 }
                 FilesCommand::Get { session, path, output } => {
@@ -267,7 +267,7 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                 }
                 FilesCommand::Put { session, local, path, overwrite } => {
                     let data = read_input(Some(&local))?;
-                    println!("{}", client.upload(&session, &path, overwrite, data).await?.path);
+                    println!("{}", printable(&client.upload(&session, &path, overwrite, data).await?.path));
                 }
                 FilesCommand::Rm { session, path } => {
                     client.delete_file(&session, &path).await?;
@@ -329,4 +329,16 @@ async fn save_artifacts(client: &Client, result: &RunResult, dir: &std::path::Pa
             .map_err(|e| ClientError::Local(format!("writing {}: {e}", target.display())))?;
     }
     Ok(())
+}
+
+/// A name sandboxed code chose, for a terminal: control characters (escape
+/// sequences, newlines) are shown escaped, never sent to the terminal as they are.
+fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(
+            name.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect(),
+        )
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
 }
