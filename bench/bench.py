@@ -112,11 +112,15 @@ def main():
 
     cold_daemon = Daemon(scratch_dir("bench-cold-"), args=["--pool-size", "0"]).start()
     daemon = Daemon(scratch_dir("bench-")).start()
+    copy_base = scratch_dir("bench-rootfs-")
     extra = {}
     try:
         with daemon.http() as c, cold_daemon.http() as cold_c:
-            health = c.get("/v1/health").json()
-            rootfs = daemon.state / "rootfs" / health["rootfs_sha256"]
+            # The baseline runs in a writable copy of the rootfs the daemon mounted
+            # (its image is read-only, and the bare run has no tmpfs of its own for
+            # matplotlib's cache): the same files, without isolation.
+            rootfs = copy_base / "tree"
+            subprocess.run(["cp", "-a", str(daemon.state / "mnt" / "rootfs") + "/.", str(rootfs)], check=True)
             sid = c.post("/v1/sessions", json={}).json()["id"]
             cold_sid = cold_c.post("/v1/sessions", json={}).json()["id"]
             kernel_sid = c.post("/v1/sessions", json={"mode": "kernel"}).json()["id"]
@@ -175,6 +179,7 @@ def main():
         for d in (daemon, cold_daemon):
             d.stop()
             shutil.rmtree(d.base, ignore_errors=True)
+        shutil.rmtree(copy_base, ignore_errors=True)
 
     print(f"\nsandboxd bench: {args.runs} runs each (plots: fewer), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
     print(f"| {'workload: system':<46} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")

@@ -69,3 +69,23 @@ def stream_run(client, **body):
             elif line.startswith("data:"):
                 events.append((name, json.loads(line.split(":", 1)[1])))
     return events
+
+
+@pytest.fixture
+def kernel(daemon):
+    """Makes kernel-mode sessions on the shared daemon (`kernel(**fields)` → id); after
+    the test each is closed, its kernel with it, and the host is checked clean."""
+    made = []
+
+    def make(**fields):
+        with daemon.http() as c:
+            sid = new_session(c, mode="kernel", **fields)
+        made.append(sid)
+        return sid
+
+    yield make
+    with daemon.http() as c:
+        for sid in made:
+            c.delete(f"/v1/sessions/{sid}")
+    daemon.wait_pool_ready()  # a template still starting is not a leftover
+    daemon.assert_clean()

@@ -7,24 +7,6 @@ import pytest
 from conftest import new_session, stream_run
 
 
-@pytest.fixture
-def kernel(daemon):
-    """A kernel-mode session, closed (its kernel with it) after the test."""
-    made = []
-
-    def make(**fields):
-        with daemon.http() as c:
-            sid = new_session(c, mode="kernel", **fields)
-        made.append(sid)
-        return sid
-
-    yield make
-    with daemon.http() as c:
-        for sid in made:
-            c.delete(f"/v1/sessions/{sid}")
-    daemon.assert_clean()
-
-
 def cell(daemon, sid, code, **kw):
     return daemon.run(code, session_id=sid, **kw)
 

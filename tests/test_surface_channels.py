@@ -27,24 +27,6 @@ assert len(fds) == 1, fds
 '''
 
 
-@pytest.fixture
-def kernel(daemon):
-    made = []
-
-    def make(**fields):
-        with daemon.http() as c:
-            sid = new_session(c, mode="kernel", **fields)
-        made.append(sid)
-        return sid
-
-    yield make
-    with daemon.http() as c:
-        for sid in made:
-            c.delete(f"/v1/sessions/{sid}")
-    daemon.wait_pool_ready()  # a template still starting is not a leftover
-    daemon.assert_clean()
-
-
 def error_lines_with(daemon, word):
     text = daemon.log_path.read_text(errors="replace")
     return [line for line in text.splitlines() if "ERROR" in line and word in line]

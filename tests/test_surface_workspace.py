@@ -81,23 +81,6 @@ def host_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def kernel(daemon):
-    """A kernel-mode session; closed (its kernel and swapper with it) after the test."""
-    made = []
-
-    def make():
-        with daemon.http() as c:
-            sid = new_session(c, mode="kernel")
-        made.append(sid)
-        return sid
-
-    yield make
-    with daemon.http() as c:
-        for sid in made:
-            c.delete(f"/v1/sessions/{sid}")
-
-
 def cell(daemon, sid, code, timeout_s=20):
     result = daemon.run(code, session_id=sid, timeout_s=timeout_s)
     assert result["status"] == "ok", result
