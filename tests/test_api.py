@@ -488,3 +488,16 @@ def test_bad_policy_is_refused_at_start(fresh_daemon):
     with pytest.raises(RuntimeError) as err:
         fresh_daemon(policies={"broken": "pids = 1\n"})
     assert "broken.toml" in str(err.value) and "`pids`" in str(err.value)
+
+
+def test_a_method_a_route_does_not_take_answers_405_in_the_error_envelope(daemon):
+    with daemon.http() as c:
+        for method, path, allow in (("GET", "/v1/runs", "POST"), ("DELETE", "/v1/policies", "GET,HEAD"),
+                                    ("PUT", "/v1/sessions", "POST,GET,HEAD")):
+            r = c.request(method, path)
+            assert r.status_code == 405 and r.headers["allow"] == allow, (method, path, r.headers)
+            assert r.json() == {"error": {"code": "method_not_allowed", "message":
+                                          f"{method} is not a method of {path}: see GET /v1/openapi.json for the methods each route takes"}}
+        # Unknown routes stay 404.
+        r = c.get("/v1/nothing")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

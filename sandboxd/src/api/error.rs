@@ -17,6 +17,8 @@ pub enum Code {
     Forbidden,
     SessionNotFound,
     NotFound,
+    /// A route that exists, asked with a method it does not take.
+    MethodNotAllowed,
     FileExists,
     /// A file the session's code holds a lease or lock on.
     FileBusy,
@@ -46,6 +48,7 @@ impl Code {
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             SessionNotFound | NotFound => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             FileExists | FileBusy | SessionExists | SessionBusy => StatusCode::CONFLICT,
             CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             MaxSessions | MaxRuns => StatusCode::TOO_MANY_REQUESTS,
@@ -67,6 +70,7 @@ impl Code {
             RequestTimeout => "request_timeout",
             SessionNotFound => "session_not_found",
             NotFound => "not_found",
+            MethodNotAllowed => "method_not_allowed",
             FileExists => "file_exists",
             FileBusy => "file_busy",
             SessionExists => "session_exists",

@@ -99,6 +99,7 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi::document))
         .merge(api)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn_with_state(Arc::new(surface), surface::guard))
@@ -125,6 +126,17 @@ async fn auth(State((state, listener)): State<(Shared, Listener)>, mut req: Requ
     };
     req.extensions_mut().insert(Caller { owner });
     next.run(req).await
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        Code::MethodNotAllowed,
+        format!(
+            "{} is not a method of {}: see GET /v1/openapi.json for the methods each route takes",
+            req.method(),
+            req.uri().path()
+        ),
+    )
 }
 
 async fn not_found(req: Request) -> ApiError {
