@@ -328,3 +328,19 @@ def test_restart_keeps_both_tenants_sessions(fresh_daemon):
         assert len(keys) == 2 and all(k.endswith(".x") for k in keys) and keys[0] != keys[1]
         # Creating "x" again is the tenant's own conflict, nobody else's.
         assert error(a.post("/v1/sessions", json={"id": "x"})) == (409, "session_exists")
+
+
+def test_a_refused_upload_keeps_the_connection_usable(daemon):
+    """An upload refused before its body is read (no such session, a bad path) is
+    answered, and its keep-alive connection serves the next request: the body is read
+    away, not left to close the connection under the client's next request."""
+    body = b"x" * (1 << 20)
+    with daemon.http() as c:
+        for path in ("/v1/sessions/never-made/files/f.txt", "/v1/sessions/never-made/files/a%252Fb"):
+            for _ in range(20):
+                r = c.put(path, content=body)
+                assert r.status_code in (400, 404), r.text
+                assert r.json()["error"]["code"] in ("session_not_found", "invalid_path"), r.text
+                assert c.get("/v1/health").status_code == 200
+        # One connection served them all.
+        assert c.get("/v1/health").status_code == 200

@@ -85,26 +85,29 @@ pub async fn upload(
     Query(q): Query<UploadQuery>,
     body: Body,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
-    let path = checked_path(&path)?;
-    let overwrite = match q.overwrite.as_deref() {
-        None | Some("false") | Some("0") => false,
-        Some("true") | Some("1") => true,
-        Some(other) => {
-            return Err(ApiError::new(
-                Code::InvalidRequest,
-                format!("overwrite={other:?}: use overwrite=true or overwrite=false"),
-            ))
-        }
-    };
-    let mut upload = match state.service.create_file(&caller, &id, path, overwrite) {
+    let opened = (|| {
+        let path = checked_path(&path)?;
+        let overwrite = match q.overwrite.as_deref() {
+            None | Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => {
+                return Err(ApiError::new(
+                    Code::InvalidRequest,
+                    format!("overwrite={other:?}: use overwrite=true or overwrite=false"),
+                ))
+            }
+        };
+        Ok(state.service.create_file(&caller, &id, path, overwrite)?)
+    })();
+    let mut upload = match opened {
         Ok(upload) => upload,
         Err(e) => {
-            // A file that may not be written: answer the refusal to a client still
-            // sending, not a reset connection.
-            if matches!(e, service::Error::Workspace(_)) {
-                drain(body.into_data_stream()).await;
-            }
-            return Err(e.into());
+            // Refused before its body was read (a bad path, no such session, a file
+            // that may not be written): read the body away (bounded) so that the
+            // client gets the answer and its keep-alive connection stays usable,
+            // instead of a connection closed under its next request.
+            drain(body.into_data_stream()).await;
+            return Err(e);
         }
     };
     let mut stream = body.into_data_stream();
