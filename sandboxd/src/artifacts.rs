@@ -104,15 +104,23 @@ pub fn url_path(path: &Path) -> String {
         if i > 0 {
             out.push('/');
         }
-        for b in part.bytes() {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                out.push(b as char);
-            } else {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        }
+        encode_segment(part, true, &mut out);
     }
     out
+}
+
+/// Append `part` to `out` as one URL path segment: unreserved bytes as they are,
+/// every other byte (`/` included) as `%XX`. `keep_dot`: `.` as it is too (a
+/// validated workspace path has no `.` or `..` part); without it `.` and `..`
+/// cannot become path steps either.
+pub fn encode_segment(part: &str, keep_dot: bool, out: &mut String) {
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_~".contains(&b) || (keep_dot && b == b'.') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
 }
 
 #[cfg(test)]

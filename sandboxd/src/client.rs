@@ -193,13 +193,7 @@ fn parse<T: DeserializeOwned>(bytes: &[u8], method: &str, path: &str) -> Result<
 /// refuses as invalid).
 fn segment(s: &str) -> String {
     let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
+    crate::artifacts::encode_segment(s, false, &mut out);
     out
 }
 
