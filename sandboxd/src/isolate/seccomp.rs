@@ -8,15 +8,18 @@
 //! - `clone3` fails with `ENOSYS`, so glibc falls back to `clone`, whose flags the
 //!   filter can inspect.
 //!
-//! The program is a binary search over the syscall numbers ([`program`]), built
-//! here rather than by seccompiler: seccompiler emits a linear list (1346
-//! instructions), and the kernel runs the filter for every syscall number when it
-//! loads it, to build its cache of always-allowed calls, which cost ~0.9 ms of
-//! every sandbox; the search loads in a tenth of that. seccompiler stays the
-//! reference: the unit tests run both programs on every syscall number and
-//! argument that matters and expect the same answer, and it applies the filter.
-//!
-//! The builders are pure and unit-tested; [`apply`] is the only syscall here.
+//! The rules are data ([`allowed`], [`rules`]: pure, unit-tested). libseccomp
+//! compiles them ([`compile`]) into one program, a binary tree over the syscall
+//! numbers (`set_ctl_optimize(2)`, libseccomp >= 2.5): the kernel runs the filter
+//! for every syscall number when it loads it (to cache the calls always allowed),
+//! so its depth is most of what loading costs. The daemon compiles it once
+//! ([`filter`], at start) and hands the exported BPF ([`Program`]) to every
+//! sandbox in its spec; the sandbox's init, or a pooled template's fork, only
+//! loads it ([`apply`]: the `seccomp` syscall). Nothing in a sandbox, and nothing
+//! in `libsandboxd.so`, links libseccomp. The unit tests run the exported program
+//! on every syscall number and the arguments that matter, and compare each answer
+//! with a table written from the list above; `sandboxd __seccomp-load-bench`
+//! (`bench/bench.py`) measures what loading it costs against an allow-all filter.
 
 /// Syscalls allowed without conditions.
 pub fn allowed() -> Vec<(&'static str, i64)> {
@@ -653,8 +656,7 @@ pub fn bench_main() -> ! {
     };
     let program = program().unwrap_or_else(|e| fail(&e));
     let allow_all = Program::allow_all();
-    let legacy = legacy::program().map(|p| legacy::as_program(&p)).unwrap_or_default();
-    let kinds: Vec<(&str, &Program)> = vec![("allow_all", &allow_all), ("legacy", &legacy), ("filter", &program)];
+    let kinds: Vec<(&str, &Program)> = vec![("allow_all", &allow_all), ("filter", &program)];
     const ROUNDS: usize = 10;
     let per_round = loads.div_ceil(ROUNDS);
     let mut samples: Vec<Vec<u64>> = vec![vec![]; kinds.len()];
@@ -675,7 +677,7 @@ pub fn bench_main() -> ! {
         .collect();
     println!(
         "{}",
-        serde_json::json!({"loads": per_round * ROUNDS, "instructions": program.0.len(), "legacy_instructions": legacy.0.len(), "ms_per_load": ms})
+        serde_json::json!({"loads": per_round * ROUNDS, "instructions": program.0.len(), "ms_per_load": ms})
     );
     std::process::exit(0)
 }
@@ -709,161 +711,6 @@ fn time_load(program: &Program) -> Result<u64, std::io::Error> {
                 _ => Err(std::io::Error::other("a child could not load the filter")),
             }
         }
-    }
-}
-
-/// The hand-built binary search this module used to compile (kept for one
-/// comparison with libseccomp's program, then removed).
-#[doc(hidden)]
-pub mod legacy {
-    use super::*;
-    use seccompiler::{sock_filter, BpfProgram};
-    use std::collections::BTreeMap;
-
-    #[derive(Debug, thiserror::Error)]
-    pub enum Error {
-        #[error("the seccomp filter has a block too long to jump over ({0} instructions)")]
-        BlockTooLong(usize),
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    const AUDIT_ARCH: u32 = 62 | 0x8000_0000 | 0x4000_0000; // EM_X86_64, 64-bit, little-endian
-    #[cfg(target_arch = "aarch64")]
-    const AUDIT_ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000; // EM_AARCH64, 64-bit, little-endian
-
-    /// Classic BPF, as far as this filter needs it (`linux/filter.h`, `linux/seccomp.h`).
-    mod bpf {
-        use seccompiler::sock_filter;
-
-        const LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS (0x20)
-        pub const JA: u16 = 0x05; // BPF_JMP (5) | BPF_JA (0)
-        pub const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ (0x10) | BPF_K (0)
-        pub const JGE: u16 = 0x35; // BPF_JMP | BPF_JGE (0x30) | BPF_K
-        pub const JSET: u16 = 0x45; // BPF_JMP | BPF_JSET (0x40) | BPF_K
-        pub const RET: u16 = 0x06; // BPF_RET (6) | BPF_K
-
-        /// Offsets in `struct seccomp_data`; an argument's low 32 bits (little-endian).
-        pub const NR: u32 = 0;
-        pub const ARCH: u32 = 4;
-        pub const fn arg_low(i: u32) -> u32 {
-            16 + 8 * i
-        }
-
-        pub const ALLOW: u32 = 0x7fff_0000;
-        pub const KILL_PROCESS: u32 = 0x8000_0000;
-        pub const fn errno(e: i32) -> u32 {
-            0x0005_0000 | (e as u32 & 0xffff)
-        }
-
-        pub fn load(offset: u32) -> sock_filter {
-            sock_filter { code: LD_W_ABS, jt: 0, jf: 0, k: offset }
-        }
-        pub fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
-            sock_filter { code, jt, jf, k }
-        }
-        pub fn ret(action: u32) -> sock_filter {
-            sock_filter { code: RET, jt: 0, jf: 0, k: action }
-        }
-    }
-
-    /// What the filter does with one syscall number.
-    #[derive(Debug, Clone, PartialEq)]
-    enum Verdict {
-        Allow,
-        Errno(i32),
-        /// Instructions that look at the arguments; each path ends in a return.
-        Checked(Vec<sock_filter>),
-    }
-
-    /// `clone`: only without namespace flags (they are all in the low 32 bits).
-    fn clone_check() -> Vec<sock_filter> {
-        vec![
-            bpf::load(bpf::arg_low(0)),
-            bpf::jump(bpf::JSET, CLONE_NAMESPACE_FLAGS as u32, 0, 1),
-            bpf::ret(bpf::errno(libc::EPERM)),
-            bpf::ret(bpf::ALLOW),
-        ]
-    }
-
-    /// `socket`/`socketpair`: only the allowed families (an `int`: its low 32 bits).
-    fn family_check() -> Vec<sock_filter> {
-        let mut v = vec![bpf::load(bpf::arg_low(0))];
-        for family in ALLOWED_SOCKET_FAMILIES {
-            v.extend([bpf::jump(bpf::JEQ, family as u32, 0, 1), bpf::ret(bpf::ALLOW)]);
-        }
-        v.push(bpf::ret(bpf::errno(libc::EPERM)));
-        v
-    }
-
-    /// `ioctl`: anything but the denied requests (an `unsigned int`: its low 32 bits).
-    fn ioctl_check() -> Vec<sock_filter> {
-        let mut v = vec![bpf::load(bpf::arg_low(1))];
-        for request in DENIED_IOCTLS {
-            v.extend([bpf::jump(bpf::JEQ, request as u32, 0, 1), bpf::ret(bpf::errno(libc::EPERM))]);
-        }
-        v.push(bpf::ret(bpf::ALLOW));
-        v
-    }
-
-    /// Every syscall number the filter does not simply refuse, and what it does with it.
-    fn verdicts() -> BTreeMap<u32, Verdict> {
-        let mut map: BTreeMap<u32, Verdict> =
-            allowed().into_iter().map(|(_, nr)| (nr as u32, Verdict::Allow)).collect();
-        map.insert(libc::SYS_clone as u32, Verdict::Checked(clone_check()));
-        map.insert(libc::SYS_socket as u32, Verdict::Checked(family_check()));
-        map.insert(libc::SYS_socketpair as u32, Verdict::Checked(family_check()));
-        map.insert(libc::SYS_ioctl as u32, Verdict::Checked(ioctl_check()));
-        map.insert(libc::SYS_clone3 as u32, Verdict::Errno(libc::ENOSYS));
-        map
-    }
-
-    /// Numbers tested one after another at the bottom of the search.
-    const LEAF: usize = 4;
-
-    /// Emit the search over `entries` (sorted): at most [`LEAF`] of them are compared
-    /// one by one; more are split in two by `nr >= middle`. Conditional jumps reach at
-    /// most one block ahead (their offsets are 8 bits); the long jump over the lower
-    /// half is a `JA`, whose offset is 32 bits.
-    fn search(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(), Error> {
-        if entries.len() <= LEAF {
-            for (nr, verdict) in entries {
-                let block = match verdict {
-                    Verdict::Allow => vec![bpf::ret(bpf::ALLOW)],
-                    Verdict::Errno(e) => vec![bpf::ret(bpf::errno(*e))],
-                    Verdict::Checked(block) => block.clone(),
-                };
-                let skip = u8::try_from(block.len()).map_err(|_| Error::BlockTooLong(block.len()))?;
-                out.push(bpf::jump(bpf::JEQ, *nr, 0, skip));
-                out.extend(block);
-            }
-            out.push(bpf::ret(bpf::errno(libc::EPERM)));
-            return Ok(());
-        }
-        let (lower, upper) = entries.split_at(entries.len() / 2);
-        // nr >= upper[0]: take the JA to the upper half; else fall into the lower half.
-        out.push(bpf::jump(bpf::JGE, upper[0].0, 0, 1));
-        let ja = out.len();
-        out.push(bpf::jump(bpf::JA, 0, 0, 0));
-        search(lower, out)?;
-        out[ja].k = (out.len() - ja - 1) as u32;
-        search(upper, out)
-    }
-
-    /// The whole filter, compiled to BPF.
-    pub fn program() -> Result<BpfProgram, Error> {
-        let mut out = vec![
-            bpf::load(bpf::ARCH),
-            bpf::jump(bpf::JEQ, AUDIT_ARCH, 1, 0),
-            bpf::ret(bpf::KILL_PROCESS),
-            bpf::load(bpf::NR),
-        ];
-        let entries: Vec<(u32, Verdict)> = verdicts().into_iter().collect();
-        search(&entries, &mut out)?;
-        Ok(out)
-    }
-
-    pub fn as_program(p: &BpfProgram) -> Program {
-        Program(p.iter().map(|i| Insn { code: i.code, jt: i.jt, jf: i.jf, k: i.k }).collect())
     }
 }
 
@@ -1087,18 +934,6 @@ mod tests {
             checked += 1;
         }
         assert!(checked > 100_000);
-    }
-
-    #[test]
-    fn the_old_search_and_libseccomp_agree_everywhere() {
-        let (old, new) = (legacy::as_program(&legacy::program().unwrap()), program().unwrap());
-        for (nr, arch, args) in cases() {
-            assert_eq!(
-                run(&old.0, nr, arch, args),
-                run(&new.0, nr, arch, args),
-                "nr {nr:#x} arch {arch:#x} args {args:x?}"
-            );
-        }
     }
 
     #[test]
