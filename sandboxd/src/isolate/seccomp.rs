@@ -492,7 +492,7 @@ pub struct Program(Vec<Insn>);
 impl Program {
     /// The instructions as `struct sock_filter`s in memory (native byte order).
     pub fn from_bytes(bytes: &[u8]) -> Result<Program, Error> {
-        if bytes.len() % 8 != 0 {
+        if !bytes.len().is_multiple_of(8) {
             return Err(Error::Malformed(bytes.len()));
         }
         if bytes.len() / 8 > MAX_INSNS {
