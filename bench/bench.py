@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from harness import Daemon, scratch_dir  # noqa: E402
+from harness import BIN, Daemon, scratch_dir  # noqa: E402
 
 
 class Api:
@@ -102,6 +102,15 @@ def throughput(run, sessions, total=160):
     with concurrent.futures.ThreadPoolExecutor(len(sessions)) as ex:
         list(ex.map(lambda s: [run(s) for _ in range(per)], sessions))
     return per * len(sessions) / (time.perf_counter() - t)
+
+
+def seccomp_load(loads=400):
+    """What loading the seccomp filter costs a process, against a one-instruction
+    allow-all filter, in one run (`sandboxd __seccomp-load-bench`: the daemon's
+    real filter, compiled by libseccomp; medians of `loads` loads each, timed
+    around the seccomp call in fresh forks, the two kinds taking turns)."""
+    out = subprocess.run([str(BIN), "__seccomp-load-bench", str(loads)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
 
 
 def main():
@@ -180,6 +189,7 @@ def main():
             d.stop()
             shutil.rmtree(d.base, ignore_errors=True)
         shutil.rmtree(copy_base, ignore_errors=True)
+    extra["seccomp_load"] = seccomp_load()
 
     print(f"\nsandboxd bench: {args.runs} runs each (plots: fewer), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
     print(f"| {'workload: system':<46} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
@@ -200,6 +210,11 @@ def main():
           f"{extra['pooled_misses']} cold)")
     print(f"\nmemory: daemon {extra['daemon_rss_mib']:.0f} MiB RSS; each idle template with its waiting fork "
           f"{extra['pooled_sandbox_mib']:.0f} MiB (cgroup charge, {extra['pool_ready']} idle)")
+    load = extra["seccomp_load"]
+    ms = load["ms_per_load"]
+    print(f"\nseccomp filter load ({load['loads']} loads each, median): the filter ({load['instructions']} instructions) "
+          f"{ms['filter']:.3f} ms, a 1-instruction allow-all {ms['allow_all']:.3f} ms: "
+          f"{ms['filter'] / ms['allow_all']:.1f}x, {ms['filter'] - ms['allow_all']:.3f} ms more per sandbox")
     if args.json:
         print(json.dumps({"rows": {name: r for name, r in results}, **extra}, indent=1))
 

@@ -38,6 +38,18 @@ for entry in "${tools[@]}"; do
     say "missing $cmd (package $pkg): $why"
   fi
 done
+# The daemon compiles its seccomp filter with libseccomp: the build links it (its
+# headers and the unversioned libseccomp.so come with the -dev package).
+have_libseccomp() {
+  pkg-config --exists libseccomp 2>/dev/null && return 0
+  [ -e /usr/include/seccomp.h ] || return 1
+  compgen -G '/usr/lib*/libseccomp.so' >/dev/null || compgen -G '/usr/lib/*-linux-gnu/libseccomp.so' >/dev/null \
+    || compgen -G '/lib*/libseccomp.so' >/dev/null
+}
+if ! have_libseccomp; then
+  missing_pkgs+=(libseccomp-dev)
+  say "missing libseccomp's headers and library (package libseccomp-dev): the daemon compiles its seccomp filter with it"
+fi
 # Debian and Ubuntu ship Python's venv module apart, as python3-venv; the test suite
 # puts its clients in a venv (tests/clients.sh).
 if [ "${1:-}" = "--test" ] && command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
@@ -68,12 +80,13 @@ if [ -r /etc/os-release ]; then
   # shellcheck disable=SC1091
   id_like="$(. /etc/os-release && echo "${ID:-} ${ID_LIKE:-}")"
 fi
-# The same tools under other distributions' package names.
+# The same tools under other distributions' package names ($1: fedora, arch, suse).
 other_pkgs() {
   local p out=()
   for p in "${missing_pkgs[@]}"; do
     case "$p" in
       mount) out+=(util-linux) ;;
+      libseccomp-dev) if [ "${1:-}" = arch ]; then out+=(libseccomp); else out+=(libseccomp-devel); fi ;;
       coreutils | tar | make | zstd | debootstrap | e2fsprogs | util-linux | python3 | gcc) out+=("$p") ;;
       python3-venv) ;; # part of python3 elsewhere
     esac
@@ -97,16 +110,16 @@ case " $id_like " in
     say "installed ${missing_pkgs[*]}"
     ;;
   *" fedora "* | *" rhel "* | *" centos "*)
-    say "install them with: sudo dnf install -y $(other_pkgs)"
+    say "install them with: sudo dnf install -y $(other_pkgs fedora)"
     exit 1 ;;
   *" arch "*)
-    say "install them with: sudo pacman -S --needed $(other_pkgs)"
+    say "install them with: sudo pacman -S --needed $(other_pkgs arch)"
     exit 1 ;;
   *" suse "* | *" opensuse "*)
-    say "install them with: sudo zypper install -y $(other_pkgs)"
+    say "install them with: sudo zypper install -y $(other_pkgs suse)"
     exit 1 ;;
   *)
-    say "install these with your distribution's package manager: $(other_pkgs)"
+    say "install these with your distribution's package manager: $(other_pkgs) (libseccomp's development files)"
     exit 1 ;;
 esac
 [ -z "${cargo_missing:-}" ] || exit 1

@@ -37,6 +37,8 @@ pub enum Error {
     HostCheck(#[from] crate::check::Error),
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    Seccomp(#[from] crate::isolate::seccomp::Error),
 }
 
 fn init_logging(config: &Config) {
@@ -83,6 +85,9 @@ async fn serve(config: Config) -> Result<(), Error> {
     if abi < landlock::TARGET_ABI as i32 {
         tracing::warn!(kernel_abi = abi, wanted = landlock::TARGET_ABI as i32, "Landlock is missing or older than expected: sandboxes are enforced partly, relying on mount namespaces and seccomp for the rest");
     }
+    // The seccomp filter, compiled once here; every sandbox only loads it.
+    let filter = crate::isolate::seccomp::filter()?;
+    tracing::info!(instructions = filter.instructions().len(), "seccomp filter compiled (libseccomp)");
 
     let tarball = config.rootfs_tarball.clone();
     let state_dir = config.state_dir.clone();

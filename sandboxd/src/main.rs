@@ -1,5 +1,6 @@
 //! The `sandboxd` binary: the daemon, and (with a hidden first argument) the
-//! single-threaded sandbox helper it starts for every run.
+//! single-threaded sandbox helper it starts for every run, or the benchmark of
+//! loading the seccomp filter.
 
 use clap::Parser;
 use sandboxd::{check, config, daemon, isolate};
@@ -8,6 +9,10 @@ fn main() {
     // The helper must decide before anything starts a thread.
     if std::env::args_os().nth(1).is_some_and(|a| a == isolate::HELPER_ARG) {
         isolate::slot::main();
+    }
+    // bench/bench.py: what loading the seccomp filter costs a process.
+    if std::env::args_os().nth(1).is_some_and(|a| a == isolate::seccomp::BENCH_ARG) {
+        isolate::seccomp::bench_main();
     }
     let settings = config::Settings::parse_from(subcommand_last(std::env::args_os().collect()));
     let print = settings.print_config;

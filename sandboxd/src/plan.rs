@@ -4,8 +4,8 @@
 //! [`crate::pool`] all build their sandboxes from here, and nothing here calls back
 //! up into them.
 
-use crate::isolate::cgroup;
 use crate::isolate::spec::{ChildSpec, Rlimits, SandboxSpec};
+use crate::isolate::{cgroup, seccomp};
 use crate::policy::Policy;
 use std::path::Path;
 
@@ -65,6 +65,7 @@ pub fn sandbox_spec(
         rlimits: rlimits(policy),
         hostname: "sandbox".into(),
         template: false,
+        seccomp: seccomp_filter(),
     }
 }
 
@@ -84,7 +85,15 @@ pub fn child_spec(policy: &Policy) -> ChildSpec {
         tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
         shm_size_bytes: policy.shm_mb * 1024 * 1024,
         rlimits: rlimits(policy),
+        seccomp: seccomp_filter(),
     }
+}
+
+/// The daemon's seccomp filter, compiled once. The daemon does not start without
+/// it; were it missing all the same, the spec carries an empty program, which the
+/// sandbox refuses to run without.
+fn seccomp_filter() -> seccomp::Program {
+    seccomp::filter().cloned().unwrap_or_default()
 }
 
 /// The cgroup limits of `policy`.

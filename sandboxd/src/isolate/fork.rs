@@ -202,7 +202,7 @@ fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Fai
         .map_err(Failure::at("PR_SET_PDEATHSIG"))
         .and_then(|()| mounts::apply(&fresh_proc()).map_err(Failure::at("mounts")))
         .and_then(|()| namespaces::loopback_up().map_err(Failure::at("loopback")))
-        .and_then(|()| init::lock_down_and_fork(&spec.rlimits, true, &mut report, &alive));
+        .and_then(|()| init::lock_down_and_fork(&spec.rlimits, Some(&spec.seccomp), &mut report, &alive));
     match prepared {
         Ok(Role::Program(err_w)) => {
             drop((report, alive));
@@ -271,6 +271,7 @@ mod tests {
             tmp_size_bytes: 64 << 20,
             shm_size_bytes: 8 << 20,
             rlimits: Rlimits { file_size_bytes: 1, open_files: 2 },
+            seccomp: Default::default(),
         };
         let ops = fresh_mounts(&spec);
         assert!(

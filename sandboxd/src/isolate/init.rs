@@ -13,8 +13,9 @@
 
 use super::message::{Failure, InitLine};
 use super::mounts::{self, Layout};
+use super::seccomp::{self, Program};
 use super::spec::{Rlimits, SandboxSpec, SANDBOX_GID, SANDBOX_UID};
-use super::{caps, landlock, namespaces, rlimits, seccomp};
+use super::{caps, landlock, namespaces, rlimits};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
@@ -67,7 +68,8 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     mounts::apply(&plan).map_err(Failure::at("mounts"))?;
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;
     namespaces::loopback_up().map_err(Failure::at("loopback"))?;
-    match lock_down_and_fork(&spec.rlimits, !spec.template, report, &go)? {
+    let confine = (!spec.template).then_some(&spec.seccomp);
+    match lock_down_and_fork(&spec.rlimits, confine, report, &go)? {
         Role::Init(line) => Ok(line),
         Role::Program(mut err_w) => {
             if let Err(f) = exec_program(spec, stdin) {
@@ -91,13 +93,14 @@ pub(super) enum Role {
 
 /// In the init, with its filesystem built: drop every privilege, install the
 /// seccomp filter, fork the program's process, which inherits both and sets its own
-/// session, rlimits and Landlock, then supervise it. Without `confine` (a template's
-/// interpreter, whose forks must still make namespaces and mounts, and each confine
-/// themselves) there is neither seccomp filter nor Landlock. `parent` reads
+/// session, rlimits and Landlock, then supervise it. `confine` is the daemon's
+/// compiled filter; without it (a template's interpreter, whose forks must still
+/// make namespaces and mounts, and each confine themselves) there is neither
+/// seccomp filter nor Landlock. `parent` reads
 /// end-of-file when whoever started the init is gone.
 pub(super) fn lock_down_and_fork(
     rlimits: &Rlimits,
-    confine: bool,
+    confine: Option<&Program>,
     report: &mut File,
     parent: &File,
 ) -> Result<Role, Failure> {
@@ -123,9 +126,8 @@ pub(super) fn lock_down_and_fork(
     // from the parent covers the moments in between: it reads end-of-file as soon
     // as the parent is gone, whenever that happened.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
-    if confine {
-        let filter = seccomp::program().map_err(Failure::at("seccomp"))?;
-        seccomp::apply(&filter).map_err(Failure::at("seccomp"))?;
+    if let Some(filter) = confine {
+        seccomp::apply(filter).map_err(Failure::at("seccomp"))?;
     }
     // SAFETY: the init is single-threaded (it was cloned or forked from a
     // single-threaded process and started no thread), so the child may run
@@ -134,7 +136,7 @@ pub(super) fn lock_down_and_fork(
         ForkResult::Child => {
             drop(err_r);
             let mut err_w = File::from(err_w);
-            if let Err(f) = program_setup(rlimits, confine, &mut err_w) {
+            if let Err(f) = program_setup(rlimits, confine.is_some(), &mut err_w) {
                 let _ = err_w.write_all(failure_line(&f).as_bytes());
                 // SAFETY: leave the failed child at once, without destructors.
                 unsafe { libc::_exit(127) }

@@ -338,7 +338,12 @@ mod tests {
     use super::*;
 
     fn child() -> ChildSpec {
-        ChildSpec { tmp_size_bytes: 1, shm_size_bytes: 2, rlimits: Rlimits { file_size_bytes: 3, open_files: 4 } }
+        ChildSpec {
+            tmp_size_bytes: 1,
+            shm_size_bytes: 2,
+            rlimits: Rlimits { file_size_bytes: 3, open_files: 4 },
+            seccomp: crate::isolate::seccomp::Program::allow_all(),
+        }
     }
 
     /// `msg` encodes to exactly `wire` (plus the newline) and `wire` parses back.
@@ -423,7 +428,7 @@ mod tests {
         let req = encode(&ForkRequest { spec: child() }).unwrap();
         assert_eq!(
             String::from_utf8(req).unwrap(),
-            "{\"spec\":{\"tmp_size_bytes\":1,\"shm_size_bytes\":2,\"rlimits\":{\"file_size_bytes\":3,\"open_files\":4}}}\n"
+            "{\"spec\":{\"tmp_size_bytes\":1,\"shm_size_bytes\":2,\"rlimits\":{\"file_size_bytes\":3,\"open_files\":4},\"seccomp\":\"BgAAAAAA/38=\"}}\n"
         );
         for bad in [&br#"{"reaped":"x"}"#[..], br#"{"ready":{}}"#, br#"{"forked":1}"#, b"null"] {
             assert!(parse::<TemplateMessage>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));

@@ -2,6 +2,7 @@
 //! and the [`ChildSpec`] each fork of a pooled template makes itself from. The
 //! messages that carry them, and every other, are in [`super::message`].
 
+use super::seccomp::Program;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -36,6 +37,9 @@ pub struct SandboxSpec {
     /// itself once it is in its own namespaces. It never runs user code.
     #[serde(default)]
     pub template: bool,
+    /// The seccomp filter the init loads, compiled once by the daemon
+    /// ([`super::seccomp::filter`]): the sandbox never compiles one.
+    pub seccomp: Program,
 }
 
 /// What a fork of a template needs to become a sandbox of its own; sent to the
@@ -45,6 +49,9 @@ pub struct ChildSpec {
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
     pub rlimits: Rlimits,
+    /// The daemon's seccomp filter, which the fork's init loads (the library links
+    /// no libseccomp).
+    pub seccomp: Program,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
