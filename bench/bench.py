@@ -113,6 +113,47 @@ def seccomp_load(loads=400):
     return json.loads(out.stdout)
 
 
+def pool_memory(daemon_pid):
+    """The pool templates' cgroup charge split into process memory and page cache:
+    the memory cgroups of the daemon's template interpreters (v1 or v2), or None."""
+    def parent(pid):
+        try:
+            return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    cgroups = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"--template" not in open(f"/proc/{pid}/cmdline", "rb").read():
+                continue
+            lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+        except OSError:
+            continue
+        p = int(pid)
+        while p > 1 and p != daemon_pid:
+            p = parent(p)
+        if p != daemon_pid:
+            continue
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                cgroups.add(f"/sys/fs/cgroup/memory{path}")
+            elif controllers == "" and not any(":memory:" in l or ",memory" in l for l in lines):
+                cgroups.add(f"/sys/fs/cgroup{path}")
+    # A template's own cgroup holds its forks too: count each tree once.
+    tops = {c for c in cgroups if not any(c != o and c.startswith(o + "/") for o in cgroups)}
+    total = {"anon": 0, "file": 0}
+    for c in tops:
+        try:
+            fields = dict(line.split() for line in open(f"{c}/memory.stat") if len(line.split()) == 2)
+        except OSError:
+            return None
+        total["anon"] += int(fields.get("total_rss", fields.get("anon", 0)))
+        total["file"] += int(fields.get("total_cache", fields.get("file", 0)))
+    return total if tops else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=60)
@@ -176,6 +217,7 @@ def main():
             extra["daemon_rss_mib"] = daemon.rss_kib() / 1024
             extra["pooled_sandbox_mib"] = pool["memory_bytes"] / max(1, pool["ready"]) / 2**20  # per idle template
             extra["pool_ready"] = pool["ready"]
+            extra["pool_memory"] = pool_memory(daemon.proc.pid)
             cold_sessions = [cold_c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
             sessions = [c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
             extra["cold_rps"] = throughput(lambda s: api_run("print(1)", session=s, client=cold_api), cold_sessions)
@@ -210,6 +252,10 @@ def main():
           f"{extra['pooled_misses']} cold)")
     print(f"\nmemory: daemon {extra['daemon_rss_mib']:.0f} MiB RSS; each idle template with its waiting fork "
           f"{extra['pooled_sandbox_mib']:.0f} MiB (cgroup charge, {extra['pool_ready']} idle)")
+    mem = extra["pool_memory"]
+    if mem:
+        print(f"  of which, over the whole pool: {mem['anon'] / 2**20:.0f} MiB process memory, {mem['file'] / 2**20:.0f} MiB page "
+              f"cache (the read-only rootfs image's, charged to the template that read a file first, shared by all)")
     load = extra["seccomp_load"]
     ms = load["ms_per_load"]
     print(f"\nseccomp filter load ({load['loads']} loads each, median): the filter ({load['instructions']} instructions) "
