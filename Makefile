@@ -7,7 +7,7 @@ PREFIX ?= /usr/local
 TEST_VENV ?= $(CURDIR)/target/test-venv
 PYTHON ?= $(TEST_VENV)/bin/python
 
-.PHONY: run build rootfs host-tools host-tools-test test test-clients unit-test system-test lint bench install verify-units deb fresh-host-test clean
+.PHONY: run build rootfs host-tools host-tools-test test test-clients unit-test system-test lint bench soak install verify-units deb fresh-host-test clean
 
 ## Install the missing host tools (apt-get on Debian/Ubuntu; elsewhere the exact command),
 ## build everything, build the rootfs on first use (with progress), check the host, start sandboxd.
@@ -48,6 +48,11 @@ lint:
 ## Side-by-side timings (see bench/bench.py).
 bench: host-tools-test build rootfs test-clients
 	SANDBOXD_ROOTFS_TARBALL=$(ROOTFS) $(PYTHON) bench/bench.py
+
+## Mixed workloads from 8 clients with a SIGKILL and a SIGTERM in the middle (see
+## tests/soak.py; a short version runs in the suite).
+soak: host-tools-test build rootfs test-clients
+	SANDBOXD_ROOTFS_TARBALL=$(ROOTFS) $(PYTHON) tests/soak.py
 
 install: build
 	install -D -m 0755 target/release/sandboxd $(DESTDIR)$(PREFIX)/bin/sandboxd
