@@ -3,9 +3,11 @@
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
+from conftest import new_session
 
 
 def error_code(r):
@@ -64,3 +66,42 @@ def test_the_drain_answers_503_with_retry_after_until_the_runs_end(fresh_daemon)
     for c in kept.values():
         c.close()
     d.assert_clean()
+
+
+def own_cgroup_dirs():
+    """This process's directory in every mounted cgroup hierarchy (v1 and v2)."""
+    mounts = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        fstype, _, options = right.split(" ", 2)
+        if fstype in ("cgroup", "cgroup2"):
+            point = Path(left.split(" ")[4])
+            ctrls = set(options.split(",")) if fstype == "cgroup" else set()
+            mounts[point] = (fstype, ctrls)
+    dirs = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        wanted = set(ctrls.split(",")) if ctrls else set()
+        for point, (fstype, have) in mounts.items():
+            if (not wanted and fstype == "cgroup2") or (wanted and wanted <= have):
+                dirs.append(point / path.lstrip("/"))
+    return dirs
+
+
+def test_a_clean_stop_leaves_no_cgroup_directory(fresh_daemon):
+    d = fresh_daemon()
+    d.wait_pool_ready()
+    assert d.run("print('pooled')")["stdout"] == "pooled\n"
+    assert d.run("echo cold", language="shell")["stdout"] == "cold\n"
+    with d.http() as c:
+        sid = new_session(c, mode="kernel")
+        assert c.post(f"/v1/sessions/{sid}/runs", json={"code": "x = 41"}).status_code == 200
+        assert c.post(f"/v1/sessions/{sid}/runs", json={"code": "x + 1"}).json()["result"]["text/plain"] == "42"
+    hierarchies = own_cgroup_dirs()
+    made = [h / d.instance for h in hierarchies if (h / d.instance).is_dir()]
+    # memory, cpu, pids and the controller-less cgroup2 of a hybrid host (or one, on v2)
+    assert made, f"the daemon made no instance directory in {hierarchies}"
+    d.stop()
+    assert d.proc.returncode == 0
+    left = [str(h / d.instance) for h in hierarchies if (h / d.instance).exists()]
+    assert left == [], f"cgroup directories left after a clean stop: {left}"

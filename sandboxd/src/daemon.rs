@@ -197,6 +197,11 @@ async fn serve(config: Config) -> Result<(), Error> {
     state.sessions.stop_kernels().await;
     pool.shutdown().await;
     sandboxes.shutdown().await;
+    match sandboxes.cgroups.remove_all() {
+        Ok(0) => {}
+        Ok(left) => tracing::warn!(left, "run cgroups were still there at the end: killed and removed"),
+        Err(e) => tracing::warn!(error = %e, "could not remove the instance's cgroup directories"),
+    }
     state.sessions.unmount_all().await;
     rootfs.unmount();
     let _ = std::fs::remove_file(&config.socket);
