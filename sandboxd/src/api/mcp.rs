@@ -523,7 +523,9 @@ async fn images(call: &Call<'_>, run: &RunResult, budget: usize) -> (Vec<Content
         let (path, url) = (&a.path, &a.url);
         let fetch = format!("download it from {url} (or read_file with path {path:?})");
         if i >= MAX_IMAGES {
-            left_out.push(format!("{path}: not shown (a result shows at most {MAX_IMAGES} images); {fetch}"));
+            left_out.push(format!(
+                "{path}: not shown (more than {MAX_IMAGES} images: a result shows the first {MAX_IMAGES}); {fetch}"
+            ));
             continue;
         }
         // The listed size is checked first, and the read is bounded anyway (the
