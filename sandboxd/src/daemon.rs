@@ -3,8 +3,11 @@
 //! Start-up: logging, root check, policies, cgroups (removing what an earlier
 //! instance left), the rootfs (unpacked once), sessions taken back from disk, then
 //! the Unix socket and HTTP listeners, and `READY=1` to systemd.
-//! Shutdown (SIGTERM/SIGINT): refuse new runs, let running ones finish within the
-//! grace period, then kill them; session files stay.
+//! Shutdown (SIGTERM/SIGINT): drain (every new request but `GET /v1/health`, which
+//! says `draining`, is answered 503 `unavailable` with `Retry-After`; the
+//! listeners keep accepting), let running runs finish within the grace period,
+//! then kill them; then close the listeners, letting answers in progress go out.
+//! Session files stay.
 
 use crate::api::surface::Surface;
 use crate::api::{self, AppState};
@@ -140,20 +143,21 @@ async fn serve(config: Config) -> Result<(), Error> {
     let limits = Limits {
         max_connections: config.max_connections,
         header_timeout: Duration::from_secs(config.header_timeout_s),
-        // In-flight requests end within the grace period (runs are killed then);
-        // whatever a client still holds open after that is cut.
+        // Runs have ended when the listeners close; answers still going out (a
+        // download) get this long, then whatever a client still holds open is cut.
         drain: Duration::from_secs(config.shutdown_grace_s + 10),
     };
 
     let unix = bind_unix(&config)?;
     tracing::info!(path = %config.socket.display(), "listening on the Unix socket");
-    let app = api::router(state.clone(), Surface::unix(body_timeout));
+    let app = api::router(state.clone(), Surface::unix(body_timeout).draining(state.shutdown.clone()));
     serve_until_stopped(&mut servers, unix, "unix", app, limits.clone(), stop_rx.clone());
     if let Some(addr) = config.http {
         let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
         let bound = tcp.local_addr().map_err(|e| Error::Listen(addr.to_string(), e))?;
         tracing::info!(addr = %bound, "listening on HTTP");
-        let app = api::router(state.clone(), Surface::http(bound, &config.public_url, body_timeout));
+        let surface = Surface::http(bound, &config.public_url, body_timeout).draining(state.shutdown.clone());
+        let app = api::router(state.clone(), surface);
         serve_until_stopped(&mut servers, tcp, "http", app, limits, stop_rx.clone());
     }
 
@@ -169,9 +173,10 @@ async fn serve(config: Config) -> Result<(), Error> {
     wait_for_signal().await;
     tracing::info!(grace_s = config.shutdown_grace_s, running = state.sessions.busy_count(), "shutting down");
     notify_systemd("STOPPING=1");
+    // Drain: new requests are answered 503 `unavailable` with `Retry-After` (the
+    // listeners keep accepting), runs in flight get the grace period to finish.
     state.service.drain();
     state.shutdown.cancel();
-    let _ = stop_tx.send(true);
     let killer_state = state.clone();
     let grace = Duration::from_secs(config.shutdown_grace_s);
     tokio::spawn(async move {
@@ -181,10 +186,8 @@ async fn serve(config: Config) -> Result<(), Error> {
             killer_state.sessions.cancel_all();
         }
     });
-    while servers.join_next().await.is_some() {}
-    // Runs whose clients already went away still hold their sessions: wait for them,
-    // but not past the grace period and the kill's own time: what is still busy
-    // then is torn down with everything else below.
+    // Wait for the runs (killed after the grace period), but not past the kill's
+    // own time: what is still busy then is torn down with everything else below.
     let hard_stop = tokio::time::Instant::now() + grace + Duration::from_secs(30);
     while state.sessions.busy_count() > 0 {
         if tokio::time::Instant::now() >= hard_stop {
@@ -193,9 +196,17 @@ async fn serve(config: Config) -> Result<(), Error> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The drain is over: stop accepting, let the answers in progress go out.
+    let _ = stop_tx.send(true);
+    while servers.join_next().await.is_some() {}
     state.sessions.stop_kernels().await;
     pool.shutdown().await;
     sandboxes.shutdown().await;
+    match sandboxes.cgroups.remove_all() {
+        Ok(0) => {}
+        Ok(left) => tracing::warn!(left, "run cgroups were still there at the end: killed and removed"),
+        Err(e) => tracing::warn!(error = %e, "could not remove the instance's cgroup directories"),
+    }
     state.sessions.unmount_all().await;
     rootfs.unmount();
     let _ = std::fs::remove_file(&config.socket);

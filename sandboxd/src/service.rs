@@ -257,10 +257,12 @@ impl Service {
         done.await.map_err(|e| Error::internal("waiting for the run", e))?
     }
 
-    fn open_workspace(&self, caller: &Caller, id: &str) -> Result<(Workspace, SessionInfo), Error> {
-        let info = self.sessions.get(id, caller.owner())?;
-        let ws = Workspace::open(&self.sessions.workspace_of(id, caller.owner())?, info.uid)?;
-        Ok((ws, info))
+    /// The session's workspace, opened for one file operation while the session
+    /// is ready; the [`session::Use`] holds its teardown off until dropped.
+    fn open_workspace(&self, caller: &Caller, id: &str) -> Result<(Workspace, SessionInfo, session::Use), Error> {
+        let opened = self.sessions.open(id, caller.owner())?;
+        let ws = Workspace::open(&opened.workspace, opened.info.uid)?;
+        Ok((ws, opened.info, opened.hold))
     }
 
     fn file_url(&self, id: &str, rel: &Path) -> String {
@@ -276,11 +278,14 @@ impl Service {
     /// part (the walk's bounds: [`workspace::MAX_WALK`] entries,
     /// [`workspace::MAX_WALK_PATH_BYTES`] of paths, [`workspace::MAX_DEPTH`] levels).
     pub async fn listing(&self, caller: &Caller, id: &str) -> Result<Listing, Error> {
-        let info = self.sessions.get(id, caller.owner())?;
-        let root = self.sessions.workspace_of(id, caller.owner())?;
-        let (files, walked) = tokio::task::spawn_blocking(move || Workspace::open(&root, info.uid)?.files())
-            .await
-            .map_err(|e| Error::internal("listing files", e))??;
+        let (ws, _, hold) = self.open_workspace(caller, id)?;
+        let (files, walked) = tokio::task::spawn_blocking(move || {
+            let walked = ws.files();
+            drop(hold);
+            walked
+        })
+        .await
+        .map_err(|e| Error::internal("listing files", e))??;
         let files = files
             .into_iter()
             .map(|(path, stat)| FileEntry {
@@ -297,7 +302,7 @@ impl Service {
     /// Open a workspace file to stream it.
     pub fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
         let rel = workspace::validate(path)?;
-        let (ws, _) = self.open_workspace(caller, id)?;
+        let (ws, _, _hold) = self.open_workspace(caller, id)?;
         let (file, meta) = ws.open_read(&rel)?;
         let name =
             rel.file_name().map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_")).unwrap_or_default();
@@ -328,16 +333,17 @@ impl Service {
     /// Start writing a workspace file; feed it with [`Upload::write`].
     pub fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool) -> Result<Upload, Error> {
         let rel = workspace::validate(path)?;
-        let (ws, info) = self.open_workspace(caller, id)?;
+        let (ws, info, hold) = self.open_workspace(caller, id)?;
         let limit = self.sessions.policy(Some(&info.policy))?.upload_bytes();
         let file = ws.create(&rel, overwrite)?;
         let url = self.file_url(id, &rel);
-        Ok(Upload { ws, rel, writer: std::io::BufWriter::with_capacity(256 * 1024, file), written: 0, limit, url })
+        let writer = std::io::BufWriter::with_capacity(256 * 1024, file);
+        Ok(Upload { ws, rel, writer, written: 0, limit, url, hold })
     }
 
     pub fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error> {
         let rel = workspace::validate(path)?;
-        let (ws, _) = self.open_workspace(caller, id)?;
+        let (ws, _, _hold) = self.open_workspace(caller, id)?;
         ws.remove(&rel)?;
         Ok(Done { status: "deleted".into(), path: Some(rel.to_string_lossy().into_owned()) })
     }
@@ -363,10 +369,13 @@ pub struct Upload {
     written: u64,
     limit: u64,
     url: String,
+    /// The session stays up while the file is written; a teardown stops it.
+    hold: session::Use,
 }
 
 impl Upload {
     pub fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
+        self.hold.check()?;
         self.written += chunk.len() as u64;
         if self.written > self.limit {
             return Err(Error::UploadTooLarge { limit: self.limit });
@@ -376,8 +385,9 @@ impl Upload {
 
     /// Flush the file and describe it; on failure nothing half-written is kept.
     pub fn finish(mut self) -> Result<FileEntry, Error> {
-        if let Err(e) = self.writer.flush() {
-            let err = Error::from(workspace::Error::Io(self.rel.display().to_string(), e));
+        let flushed =
+            self.writer.flush().map_err(|e| Error::from(workspace::Error::Io(self.rel.display().to_string(), e)));
+        if let Err(err) = flushed.and_then(|()| Ok(self.hold.check()?)) {
             self.abort();
             return Err(err);
         }

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{watch, Notify};
@@ -80,11 +81,36 @@ pub struct SessionInfo {
     pub busy: bool,
 }
 
+/// Where a session is in its life. Only a `Ready` session is reachable by any
+/// route (files, runs, kernel cells, cancel, close): one being created has no
+/// mounted workspace yet, and one being torn down is going away. Both answer
+/// `session_not_found`, as a session that does not exist; their key stays taken
+/// (a create of it waits for a teardown to end, see [`Manager::create`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Reserved; its workspace is being made and mounted.
+    Creating,
+    Ready,
+    /// Its teardown began: runs are told to stop, then kernel, workspace and files go.
+    Closing,
+}
+
 struct Live {
     info: SessionInfo,
     last_used: SystemTime,
     busy: bool,
     cancel: Option<watch::Sender<bool>>,
+    phase: Phase,
+    /// File operations going on in the workspace ([`Use`]); a teardown waits for them.
+    users: usize,
+    /// Set when the teardown begins: an upload in progress stops at its next write.
+    closing: Arc<AtomicBool>,
+}
+
+impl Live {
+    fn new(info: SessionInfo, last_used: SystemTime, phase: Phase) -> Live {
+        Live { info, last_used, busy: false, cancel: None, phase, users: 0, closing: Arc::default() }
+    }
 }
 
 pub struct Manager {
@@ -118,19 +144,68 @@ pub struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let mut map = self.manager.lock();
-        if let Some(live) = map.get_mut(&self.id) {
+        // Save the session's new last use while it still counts as busy, so a
+        // teardown (which waits for that) never races this write.
+        let saved = {
+            let mut map = self.manager.lock();
+            map.get_mut(&self.id).filter(|l| l.phase == Phase::Ready).map(|live| {
+                live.last_used = SystemTime::now();
+                live.info.last_used_at = rfc3339(live.last_used);
+                live.info.clone()
+            })
+        };
+        if let Some(info) = saved {
+            self.manager.persist(&info);
+        }
+        if let Some(live) = self.manager.lock().get_mut(&self.id) {
             live.busy = false;
             live.cancel = None;
-            live.last_used = SystemTime::now();
-            live.info.last_used_at = rfc3339(live.last_used);
-            let info = live.info.clone();
-            drop(map);
-            self.manager.persist(&info);
         }
         self.manager.idle.notify_waiters();
     }
 }
+
+/// One file operation's hold on a ready session's workspace (see
+/// [`Manager::open`]): the session's teardown waits until every hold is dropped,
+/// so nothing is written into a workspace being unmounted.
+pub struct Use {
+    manager: Arc<Manager>,
+    key: String,
+    public_id: String,
+    closing: Arc<AtomicBool>,
+}
+
+impl Use {
+    /// `Err(session_not_found)` once the session's teardown began: stop writing,
+    /// the workspace is going away.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(Manager::not_found(&self.public_id));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Use {
+    fn drop(&mut self) {
+        if let Some(live) = self.manager.lock().get_mut(&self.key) {
+            live.users = live.users.saturating_sub(1);
+        }
+        self.manager.idle.notify_waiters();
+    }
+}
+
+/// A ready session's workspace, opened for one file operation.
+pub struct Opened {
+    pub info: SessionInfo,
+    /// The mounted workspace's root directory.
+    pub workspace: PathBuf,
+    /// Holds the session up: drop it when the operation is done.
+    pub hold: Use,
+}
+
+/// Longest a create of a key waits for that key's teardown to end.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(60);
 
 pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
@@ -253,13 +328,37 @@ impl Manager {
         self.session_dir(key).join("data")
     }
 
+    /// The ready session `key` if `owner` sees it: the one lookup every route
+    /// (files, runs, kernel cells, cancel, close) goes through. A session still
+    /// being created, or whose teardown began, is not found.
+    fn ready<'a>(map: &'a HashMap<String, Live>, key: &str, owner: Option<&str>) -> Option<&'a Live> {
+        map.get(key).filter(|l| l.phase == Phase::Ready && Self::visible(l, owner))
+    }
+
+    fn ready_mut<'a>(map: &'a mut HashMap<String, Live>, key: &str, owner: Option<&str>) -> Option<&'a mut Live> {
+        map.get_mut(key).filter(|l| l.phase == Phase::Ready && Self::visible(l, owner))
+    }
+
     /// The workspace of session `id` as `owner` addresses it, if `owner` sees it.
     pub fn workspace_of(&self, id: &str, owner: Option<&str>) -> Result<PathBuf, Error> {
         let key = key(id, owner)?;
-        match self.lock().get(&key) {
-            Some(live) if Self::visible(live, owner) => Ok(self.workspace(&key)),
-            _ => Err(Self::not_found(id)),
+        match Self::ready(&self.lock(), &key, owner) {
+            Some(_) => Ok(self.workspace(&key)),
+            None => Err(Self::not_found(id)),
         }
+    }
+
+    /// Session `id`'s mounted workspace for one file operation, held until the
+    /// returned [`Use`] is dropped (its teardown waits for that).
+    pub fn open(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Opened, Error> {
+        let key = key(id, owner)?;
+        let mut map = self.lock();
+        let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
+        live.users += 1;
+        let info = shown(&live.info, live.busy, owner);
+        let hold =
+            Use { manager: self.clone(), key: key.clone(), public_id: id.to_string(), closing: live.closing.clone() };
+        Ok(Opened { info, workspace: self.workspace(&key), hold })
     }
 
     fn persist(&self, info: &SessionInfo) {
@@ -292,8 +391,14 @@ impl Manager {
     }
 
     /// Make a new session. `owner` is the caller's token identity, if any.
+    ///
+    /// A key whose earlier session is still being torn down stays taken until
+    /// that ends: the create waits for it (at most [`TEARDOWN_WAIT`], then
+    /// `session_exists`). The session is reachable only once its workspace is
+    /// mounted; the work runs in a task of its own, so a caller that goes away
+    /// midway cannot leave the key reserved.
     pub async fn create(
-        &self,
+        self: &Arc<Self>,
         id: Option<String>,
         policy: Option<&str>,
         mode: Mode,
@@ -315,8 +420,34 @@ impl Manager {
                 return Err(Error::InvalidTtl);
             }
         }
-        let info = self.reserve(&key, &id, &policy, mode, ttl_s, owner)?;
-        let dir = self.session_dir(&key);
+        let deadline = tokio::time::Instant::now() + TEARDOWN_WAIT;
+        let info = loop {
+            let torn_down = self.idle.notified();
+            if let Some(info) = self.reserve(&key, &id, &policy, mode, ttl_s, owner)? {
+                break info;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Exists(id));
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), torn_down).await;
+        };
+        let this = self.clone();
+        let made = tokio::spawn(async move { this.make_workspace(&key, &info, &policy).await.map(|()| info) }).await;
+        let info = made.map_err(|e| Error::Workspace(std::io::Error::other(e)))??;
+        Ok(shown(&info, false, owner))
+    }
+
+    /// Make and mount the workspace of the reserved `key`, then make it ready;
+    /// on failure, remove what was made and free the key.
+    async fn make_workspace(&self, key: &str, info: &SessionInfo, policy: &Policy) -> Result<(), Error> {
+        let dir = self.session_dir(key);
+        if dir.exists() {
+            // What a failed teardown left of an earlier session of this key: the
+            // key is ours now, so nothing else uses it.
+            tracing::warn!(session_id = %key, "removing what an earlier session of this id left");
+            let _ = storage::unmount(&dir).await;
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         let made = async {
             std::fs::create_dir_all(&dir)?;
             storage::restrict_dir(&dir, info.uid)?;
@@ -326,19 +457,20 @@ impl Manager {
         if let Err(e) = made {
             let _ = storage::unmount(&dir).await;
             let _ = std::fs::remove_dir_all(&dir);
-            self.lock().remove(&key);
+            self.lock().remove(key);
             self.idle.notify_waiters();
             return Err(Error::Workspace(e));
         }
-        if let Some(live) = self.lock().get_mut(&key) {
-            live.busy = false;
+        self.persist(info);
+        if let Some(live) = self.lock().get_mut(key) {
+            live.phase = Phase::Ready;
         }
-        self.persist(&info);
         tracing::info!(session_id = %key, policy = %info.policy, "session created");
-        Ok(shown(&info, false, owner))
+        Ok(())
     }
 
     /// Check the limits and reserve `key` with its host uid, under the lock.
+    /// `None`: the key's earlier session is still being torn down.
     fn reserve(
         &self,
         key: &str,
@@ -347,18 +479,23 @@ impl Manager {
         mode: Mode,
         ttl_s: Option<u64>,
         owner: Option<&str>,
-    ) -> Result<SessionInfo, Error> {
+    ) -> Result<Option<SessionInfo>, Error> {
         let mut map = self.lock();
-        if map.contains_key(key) {
-            return Err(Error::Exists(id.to_string()));
+        match map.get(key).map(|l| l.phase) {
+            Some(Phase::Closing) => return Ok(None),
+            Some(_) => return Err(Error::Exists(id.to_string())),
+            None => {}
         }
+        // Sessions being torn down are going: they count for no limit, but their
+        // uids stay taken until their processes are gone.
+        let counted = || map.values().filter(|l| l.phase != Phase::Closing);
         if let Some(o) = owner {
-            let held = map.values().filter(|l| l.info.owner.as_deref() == Some(o)).count();
+            let held = counted().filter(|l| l.info.owner.as_deref() == Some(o)).count();
             if held >= self.token_max_sessions {
                 return Err(Error::TokenMaxSessions(self.token_max_sessions));
             }
         }
-        if map.len() >= self.max_sessions {
+        if counted().count() >= self.max_sessions {
             return Err(Error::MaxSessions(self.max_sessions));
         }
         let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
@@ -378,45 +515,46 @@ impl Manager {
             uid,
             busy: false,
         };
-        // Reserve the key (busy, so nothing runs in it) while the workspace is made.
-        map.insert(key.to_string(), Live { info: info.clone(), last_used: now, busy: true, cancel: None });
-        Ok(info)
+        // Reserved, unreachable by any route until its workspace is mounted.
+        map.insert(key.to_string(), Live::new(info.clone(), now, Phase::Creating));
+        Ok(Some(info))
     }
 
     pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, Error> {
         let key = key(id, owner)?;
-        let map = self.lock();
-        match map.get(&key) {
-            Some(live) if Self::visible(live, owner) => Ok(shown(&live.info, live.busy, owner)),
-            _ => Err(Self::not_found(id)),
+        match Self::ready(&self.lock(), &key, owner) {
+            Some(live) => Ok(shown(&live.info, live.busy, owner)),
+            None => Err(Self::not_found(id)),
         }
     }
 
     pub fn list(&self, owner: Option<&str>) -> Vec<SessionInfo> {
         let map = self.lock();
-        let mut v: Vec<SessionInfo> =
-            map.values().filter(|l| Self::visible(l, owner)).map(|l| shown(&l.info, l.busy, owner)).collect();
+        let mut v: Vec<SessionInfo> = map
+            .values()
+            .filter(|l| l.phase == Phase::Ready && Self::visible(l, owner))
+            .map(|l| shown(&l.info, l.busy, owner))
+            .collect();
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v
     }
 
+    /// Sessions held: ready ones and those being created.
     pub fn count(&self) -> usize {
-        self.lock().len()
+        self.lock().values().filter(|l| l.phase != Phase::Closing).count()
     }
 
     /// Take the session for one run; `session_busy` at once if a run holds it.
     pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, Error> {
         let key = key(id, owner)?;
         let mut map = self.lock();
-        match map.get(&key) {
-            Some(l) if Self::visible(l, owner) => {}
-            _ => return Err(Self::not_found(id)),
-        }
-        if map.get(&key).is_some_and(|l| l.busy) {
-            return Err(Error::Busy(id.to_string()));
+        match Self::ready(&map, &key, owner) {
+            None => return Err(Self::not_found(id)),
+            Some(l) if l.busy => return Err(Error::Busy(id.to_string())),
+            Some(_) => {}
         }
         self.check_runs(&map, owner)?;
-        let Some(live) = map.get_mut(&key) else { return Err(Self::not_found(id)) };
+        let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
         let policy = self.policy(Some(&live.info.policy))?;
         let (tx, rx) = watch::channel(false);
         live.busy = true;
@@ -449,27 +587,45 @@ impl Manager {
     }
 
     /// Close a session: kill its run, if any, and remove its files.
-    pub async fn close(&self, id: &str, owner: Option<&str>) -> Result<(), Error> {
+    ///
+    /// From the moment it begins, the session is unreachable (`session_not_found`)
+    /// while its key stays taken until the teardown ends (see [`Manager::create`]).
+    /// The teardown runs in a task of its own: a caller that goes away midway
+    /// cannot leave it half done.
+    pub async fn close(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<(), Error> {
         let key = key(id, owner)?;
-        let key = key.as_str();
+        {
+            let mut map = self.lock();
+            let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
+            live.phase = Phase::Closing;
+            live.closing.store(true, Ordering::SeqCst);
+            if let Some(cancel) = &live.cancel {
+                let _ = cancel.send(true);
+            }
+        }
+        let this = self.clone();
+        if let Err(e) = tokio::spawn(async move { this.teardown(&key).await }).await {
+            tracing::error!(session_id = %id, error = %e, "the session's teardown failed");
+        }
+        Ok(())
+    }
+
+    /// Tear down the session `key` (already `Closing`): wait for its run (told to
+    /// die) and its file operations to end, stop its kernel, unmount and remove
+    /// its workspace, then free the key.
+    async fn teardown(&self, key: &str) {
         loop {
             let notified = self.idle.notified();
             {
-                let mut map = self.lock();
-                match map.get(key) {
-                    Some(l) if Self::visible(l, owner) => {}
-                    _ => return Err(Self::not_found(id)),
-                }
-                let busy = map.get(key).map(|l| l.busy).unwrap_or(false);
-                if !busy {
-                    map.remove(key);
+                let map = self.lock();
+                let Some(live) = map.get(key) else { return };
+                if !live.busy && live.users == 0 {
                     break;
                 }
-                if let Some(cancel) = map.get(key).and_then(|l| l.cancel.as_ref()) {
+                if let Some(cancel) = &live.cancel {
                     let _ = cancel.send(true);
                 }
             }
-            // Wait for the run to end (it was told to die), then try again.
             let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
         }
         self.kernels.stop(key).await;
@@ -481,18 +637,22 @@ impl Manager {
         if let Ok(Err(e)) = removed {
             tracing::warn!(session_id = %key, error = %e, "could not remove the session's files");
         }
+        self.lock().remove(key);
+        self.idle.notify_waiters();
         tracing::info!(session_id = %key, "session closed");
-        Ok(())
     }
 
     /// Close idle sessions past their TTL; never a busy one.
-    pub async fn reap_expired(&self) {
+    pub async fn reap_expired(self: &Arc<Self>) {
         let now = SystemTime::now();
         let expired: Vec<String> = self
             .lock()
             .values()
             .filter(|l| {
-                !l.busy && now.duration_since(l.last_used).unwrap_or_default() > Duration::from_secs(l.info.ttl_s)
+                l.phase == Phase::Ready
+                    && !l.busy
+                    && l.users == 0
+                    && now.duration_since(l.last_used).unwrap_or_default() > Duration::from_secs(l.info.ttl_s)
             })
             .map(|l| key_of(&l.info))
             .collect();
@@ -505,10 +665,9 @@ impl Manager {
     /// Kill the run in flight in session `id`, if any. Returns whether one was.
     pub fn cancel_run(&self, id: &str, owner: Option<&str>) -> Result<bool, Error> {
         let key = key(id, owner)?;
-        let map = self.lock();
-        match map.get(&key) {
-            Some(l) if Self::visible(l, owner) => Ok(l.cancel.as_ref().map(|c| c.send(true).is_ok()).unwrap_or(false)),
-            _ => Err(Self::not_found(id)),
+        match Self::ready(&self.lock(), &key, owner) {
+            Some(l) => Ok(l.cancel.as_ref().map(|c| c.send(true).is_ok()).unwrap_or(false)),
+            None => Err(Self::not_found(id)),
         }
     }
 
@@ -557,7 +716,7 @@ impl Manager {
             match (keep, mounted) {
                 (Some(info), Ok(())) => {
                     let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
-                    self.lock().insert(key_of(&info), Live { info, last_used, busy: false, cancel: None });
+                    self.lock().insert(key_of(&info), Live::new(info, last_used, Phase::Ready));
                     taken += 1;
                 }
                 (_, result) => {

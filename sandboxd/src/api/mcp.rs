@@ -28,9 +28,14 @@ use std::time::{Duration, Instant};
 /// Most images returned with one run, and their size after downscaling.
 pub const MAX_IMAGES: usize = 4;
 pub const MAX_IMAGE_BYTES: usize = 1024 * 1024;
-pub const MAX_IMAGES_TOTAL: usize = 3 * 1024 * 1024;
+/// Most bytes of one run's tool result (its text and base64 images, as JSON):
+/// below the 1 MiB message limit of the strictest official MCP SDK (Python's),
+/// with room for the JSON-RPC envelope. Images share what the text leaves.
+pub const MAX_RESULT_BYTES: usize = 900 * 1024;
 /// Longest side of an image sent to a model.
 pub const MAX_IMAGE_SIDE: u32 = 1568;
+/// The sides an image is downscaled to, in turn, until it fits its share.
+const IMAGE_SIDES: [u32; 5] = [MAX_IMAGE_SIDE, 1024, 768, 512, 384];
 /// Largest image file read to be shown to a model (before downscaling). A run's
 /// files are written by sandboxed code: a bigger one (even a sparse file that takes
 /// no disk) is named in the text, never read.
@@ -60,7 +65,7 @@ pub struct RunPython {
     pub code: String,
     /// Run in this session (its files persist between runs); omit to start a new session.
     pub session_id: Option<String>,
-    /// Wall-clock limit in seconds (default and maximum: the session policy's, as the tool description says).
+    /// Wall-clock limit in seconds; 0 (the default) means the session policy's limit, which is also the maximum (the tool description states the default policy's).
     pub timeout_s: Option<f64>,
 }
 
@@ -70,7 +75,7 @@ pub struct RunShell {
     pub command: String,
     /// Run in this session; omit to start a new session.
     pub session_id: Option<String>,
-    /// Wall-clock limit in seconds.
+    /// Wall-clock limit in seconds; 0 (the default) means the session policy's limit, which is also the maximum.
     pub timeout_s: Option<f64>,
 }
 
@@ -336,6 +341,45 @@ fn descriptions(default: Option<&PolicyLimits>) -> [(&'static str, String); 5] {
     ]
 }
 
+/// Declare each optional argument as its plain type with its default, never as
+/// "X or null": clients that build arguments from the schema (the MCP Inspector)
+/// send a value of a union type as a string, which the tool then refuses.
+/// Defaults: `timeout_s` 0 (the session policy's limit), `overwrite` false.
+fn plain_schema(schema: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::Value;
+    let Some(Value::Object(props)) = schema.get_mut("properties") else { return };
+    for (name, prop) in props.iter_mut() {
+        let Value::Object(prop) = prop else { continue };
+        if let Some(Value::Array(types)) = prop.get("type") {
+            let kept: Vec<Value> = types.iter().filter(|t| t.as_str() != Some("null")).cloned().collect();
+            if let [one] = kept.as_slice() {
+                prop.insert("type".into(), one.clone());
+            }
+        }
+        if let Some(Value::Array(any)) = prop.get("anyOf") {
+            let kept: Vec<Value> =
+                any.iter().filter(|a| a.get("type").and_then(Value::as_str) != Some("null")).cloned().collect();
+            if let [Value::Object(one)] = kept.as_slice() {
+                let one = one.clone();
+                prop.remove("anyOf");
+                for (k, v) in one {
+                    prop.entry(k).or_insert(v);
+                }
+            }
+        }
+        match name.as_str() {
+            "timeout_s" => {
+                prop.insert("default".into(), Value::from(0));
+                prop.insert("minimum".into(), Value::from(0));
+            }
+            "overwrite" => {
+                prop.insert("default".into(), Value::from(false));
+            }
+            _ => {}
+        }
+    }
+}
+
 fn status_name(s: Status) -> &'static str {
     match s {
         Status::Ok => "ok",
@@ -355,6 +399,11 @@ impl SandboxMcp {
             if let Some(route) = tool_router.map.get_mut(name) {
                 route.attr.description = Some(text.into());
             }
+        }
+        for route in tool_router.map.values_mut() {
+            let mut schema = (*route.attr.input_schema).clone();
+            plain_schema(&mut schema);
+            route.attr.input_schema = std::sync::Arc::new(schema);
         }
         SandboxMcp { backend, tool_router }
     }
@@ -396,6 +445,8 @@ impl SandboxMcp {
             Ok(s) => s,
             Err(e) => return failure(e),
         };
+        // 0, the schema's default, is the session policy's limit.
+        let timeout_s = timeout_s.filter(|t| *t != 0.0);
         let req = RunRequest { code, session_id: Some(sid.clone()), language, timeout_s, ..RunRequest::default() };
         let request = call.run(req);
         tokio::pin!(request);
@@ -422,8 +473,8 @@ impl SandboxMcp {
         };
         match result {
             Ok(r) => {
-                let (images, left_out) = images(&call, &r).await;
                 let mut text = describe_run(&r);
+                let (images, left_out) = images(&call, &r, image_budget(&text, &r)).await;
                 for line in left_out {
                     text.push_str(&format!("note: image {line}\n"));
                 }
@@ -440,19 +491,43 @@ impl SandboxMcp {
     }
 }
 
-/// This run's images, downscaled and bounded so a client's message limit holds,
-/// and a line of text for each image left out and why.
-async fn images(call: &Call<'_>, run: &RunResult) -> (Vec<ContentBlock>, Vec<String>) {
-    let mut arts: Vec<_> =
-        run.artifacts.iter().filter(|a| matches!(a.mime_type.as_str(), "image/png" | "image/jpeg")).collect();
+/// Bytes of base64 image data a run's result can carry: [`MAX_RESULT_BYTES`] less
+/// its text (as JSON) and room for a note on each image that could be left out.
+fn image_budget(text: &str, run: &RunResult) -> usize {
+    let json_len = |s: &str| serde_json::to_string(s).map(|j| j.len()).unwrap_or(s.len() * 6);
+    let notes: usize = run
+        .artifacts
+        .iter()
+        .filter(|a| is_image(&a.mime_type))
+        .map(|a| json_len(&a.path) + json_len(&a.url) + 256)
+        .sum();
+    MAX_RESULT_BYTES.saturating_sub(json_len(text) + notes + 4096)
+}
+
+fn is_image(mime: &str) -> bool {
+    matches!(mime, "image/png" | "image/jpeg")
+}
+
+/// This run's images, downscaled so that together they fit `budget` bytes of
+/// base64 (each image gets an equal share of what is left), and a line of text
+/// for each image left out, saying why and where to fetch it.
+async fn images(call: &Call<'_>, run: &RunResult, budget: usize) -> (Vec<ContentBlock>, Vec<String>) {
+    let mut arts: Vec<_> = run.artifacts.iter().filter(|a| is_image(&a.mime_type)).collect();
     // Auto-saved figures first, then images the code saved itself.
     arts.sort_by_key(|a| a.kind != ArtifactKind::Figure);
     let mut out = vec![];
     let mut left_out = vec![];
-    let mut total = 0;
-    let many = arts.len() > MAX_IMAGES;
-    for a in arts.into_iter().take(MAX_IMAGES) {
+    let mut remaining = budget;
+    let shown = arts.len().min(MAX_IMAGES);
+    for (i, a) in arts.iter().enumerate() {
         let (path, url) = (&a.path, &a.url);
+        let fetch = format!("download it from {url} (or read_file with path {path:?})");
+        if i >= MAX_IMAGES {
+            left_out.push(format!(
+                "{path}: not shown (more than {MAX_IMAGES} images: a result shows the first {MAX_IMAGES}); {fetch}"
+            ));
+            continue;
+        }
         // The listed size is checked first, and the read is bounded anyway (the
         // file may have grown since it was listed).
         let read = if a.size_bytes > MAX_SOURCE_IMAGE_BYTES as u64 {
@@ -463,28 +538,32 @@ async fn images(call: &Call<'_>, run: &RunResult) -> (Vec<ContentBlock>, Vec<Str
         let bytes = match read {
             Ok(b) => b,
             Err(Failure::TooLarge(limit)) => {
-                left_out.push(format!("{path}: larger than {limit} bytes, not shown; download it from {url}"));
+                left_out.push(format!("{path}: larger than {limit} bytes, not shown; {fetch}"));
                 continue;
             }
             Err(e) => {
-                left_out.push(format!("{path}: not shown ({e})"));
+                left_out.push(format!("{path}: not shown ({e}); {fetch}"));
                 continue;
             }
         };
-        let Some((data, mime)) = fit_image_off_runtime(bytes, a.mime_type.clone()).await else {
-            left_out.push(format!("{path}: not a readable image within the decoding limits; download it from {url}"));
-            continue;
-        };
-        if total + data.len() > MAX_IMAGES_TOTAL {
-            left_out.push(format!("{path}: over this result's image budget, not shown; download it from {url}"));
-            continue;
+        // base64 makes 4 bytes of 3: this image's share of the budget, raw.
+        let share = (remaining / (shown - i)) / 4 * 3;
+        let max_bytes = share.min(MAX_IMAGE_BYTES);
+        match fit_image_off_runtime(bytes, a.mime_type.clone(), max_bytes).await {
+            Ok((data, mime)) => {
+                let encoded = base64::engine::general_purpose::STANDARD.encode(&data);
+                remaining = remaining.saturating_sub(encoded.len());
+                out.push(ContentBlock::image(encoded, mime));
+            }
+            Err(Unfit::Unreadable) => {
+                left_out.push(format!("{path}: not a readable image within the decoding limits, not shown; {fetch}"))
+            }
+            Err(Unfit::TooLarge) => left_out.push(format!(
+                "{path}: still more than {} KiB after downscaling to {} px (this result's share for it), not shown; {fetch}",
+                max_bytes / 1024,
+                IMAGE_SIDES[IMAGE_SIDES.len() - 1]
+            )),
         }
-        total += data.len();
-        out.push(ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&data), mime));
-    }
-    if many {
-        left_out
-            .push(format!("more than {MAX_IMAGES} images: only the first {MAX_IMAGES} are considered; see list_files"));
     }
     (out, left_out)
 }
@@ -545,48 +624,70 @@ pub fn describe_run(r: &RunResult) -> String {
     s
 }
 
-/// Make an image fit the bounds: as it is when small enough, else downscaled to
-/// MAX_IMAGE_SIDE and re-encoded (PNG, or JPEG if PNG is still too big).
-/// Decodes at once: each may use up to [`MAX_DECODE_ALLOC`] and seconds of CPU.
-static DECODES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
-
-/// [`fit_image`] on a blocking thread, at most [`DECODES`] at a time, so that
-/// figures being decoded never stall the daemon's other requests.
-async fn fit_image_off_runtime(bytes: Vec<u8>, mime: String) -> Option<(Vec<u8>, String)> {
-    let _permit = DECODES.acquire().await.ok()?;
-    tokio::task::spawn_blocking(move || fit_image(&bytes, &mime)).await.ok().flatten()
+/// Why an image could not be shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfit {
+    /// Not an image the decoder reads within its limits.
+    Unreadable,
+    /// Larger than its byte bound even at the smallest side tried.
+    TooLarge,
 }
 
+/// Images decoded at once: each may use up to [`MAX_DECODE_ALLOC`] and seconds of CPU.
+static DECODES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// [`fit_image_within`] on a blocking thread, at most [`DECODES`] at a time, so
+/// that figures being decoded never stall the daemon's other requests.
+async fn fit_image_off_runtime(bytes: Vec<u8>, mime: String, max_bytes: usize) -> Result<(Vec<u8>, String), Unfit> {
+    let _permit = DECODES.acquire().await.map_err(|_| Unfit::Unreadable)?;
+    tokio::task::spawn_blocking(move || fit_image_within(&bytes, &mime, max_bytes))
+        .await
+        .unwrap_or(Err(Unfit::Unreadable))
+}
+
+/// [`fit_image_within`] the bound of one image ([`MAX_IMAGE_BYTES`]).
 pub fn fit_image(bytes: &[u8], mime: &str) -> Option<(Vec<u8>, String)> {
+    fit_image_within(bytes, mime, MAX_IMAGE_BYTES).ok()
+}
+
+/// Make an image fit `max_bytes` and [`MAX_IMAGE_SIDE`]: as it is when it does,
+/// else downscaled to each of [`IMAGE_SIDES`] in turn and re-encoded (PNG, or
+/// JPEG if PNG is too big) until it fits.
+pub fn fit_image_within(bytes: &[u8], mime: &str, max_bytes: usize) -> Result<(Vec<u8>, String), Unfit> {
     use image::ImageReader;
-    let reader = ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().ok()?;
-    let (w, h) = reader.into_dimensions().ok()?;
-    if bytes.len() <= MAX_IMAGE_BYTES && w <= MAX_IMAGE_SIDE && h <= MAX_IMAGE_SIDE {
-        return Some((bytes.to_vec(), mime.to_string()));
+    let unreadable = |_| Unfit::Unreadable;
+    let reader = ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().map_err(unreadable)?;
+    let (w, h) = reader.into_dimensions().map_err(|_| Unfit::Unreadable)?;
+    if bytes.len() <= max_bytes && w <= MAX_IMAGE_SIDE && h <= MAX_IMAGE_SIDE {
+        return Ok((bytes.to_vec(), mime.to_string()));
     }
     // A small file may claim a huge picture (a decompression bomb): refused by size
     // before anything is decoded, and the decoder is held to the same limits.
     if w > MAX_DECODED_SIDE || h > MAX_DECODED_SIDE || u64::from(w) * u64::from(h) * 4 > MAX_DECODE_ALLOC {
-        return None;
+        return Err(Unfit::Unreadable);
     }
-    let mut reader = ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().ok()?;
+    let mut reader = ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().map_err(unreadable)?;
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_DECODED_SIDE);
     limits.max_image_height = Some(MAX_DECODED_SIDE);
     limits.max_alloc = Some(MAX_DECODE_ALLOC);
     reader.limits(limits);
-    let img = reader.decode().ok()?;
-    let img =
-        if w > MAX_IMAGE_SIDE || h > MAX_IMAGE_SIDE { img.thumbnail(MAX_IMAGE_SIDE, MAX_IMAGE_SIDE) } else { img };
-    let mut png = vec![];
-    img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).ok()?;
-    if png.len() <= MAX_IMAGE_BYTES {
-        return Some((png, "image/png".into()));
+    let full = reader.decode().map_err(|_| Unfit::Unreadable)?;
+    for side in IMAGE_SIDES {
+        let img = if w > side || h > side { full.thumbnail(side, side) } else { full.clone() };
+        let mut png = vec![];
+        img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).map_err(|_| Unfit::Unreadable)?;
+        if png.len() <= max_bytes {
+            return Ok((png, "image/png".into()));
+        }
+        let mut jpeg = vec![];
+        let rgb = image::DynamicImage::ImageRgb8(img.to_rgb8());
+        rgb.write_to(&mut std::io::Cursor::new(&mut jpeg), image::ImageFormat::Jpeg).map_err(|_| Unfit::Unreadable)?;
+        if jpeg.len() <= max_bytes {
+            return Ok((jpeg, "image/jpeg".into()));
+        }
     }
-    let mut jpeg = vec![];
-    let rgb = image::DynamicImage::ImageRgb8(img.to_rgb8());
-    rgb.write_to(&mut std::io::Cursor::new(&mut jpeg), image::ImageFormat::Jpeg).ok()?;
-    (jpeg.len() <= MAX_IMAGE_BYTES).then(|| (jpeg, "image/jpeg".into()))
+    Err(Unfit::TooLarge)
 }
 
 #[tool_router]
@@ -825,9 +926,9 @@ impl SandboxMcp {
         };
         let mime = entry.map(|f| f.mime_type).unwrap_or_else(|| "application/octet-stream".to_string());
         let block = if mime == "image/png" || mime == "image/jpeg" {
-            match fit_image_off_runtime(bytes.clone(), mime.clone()).await {
-                Some((data, m)) => ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&data), m),
-                None => ContentBlock::text(base64::engine::general_purpose::STANDARD.encode(&bytes)),
+            match fit_image_off_runtime(bytes.clone(), mime.clone(), MAX_IMAGE_BYTES).await {
+                Ok((data, m)) => ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&data), m),
+                Err(_) => ContentBlock::text(base64::engine::general_purpose::STANDARD.encode(&bytes)),
             }
         } else {
             match std::str::from_utf8(&bytes) {

@@ -148,7 +148,8 @@ async fn not_found(req: Request) -> ApiError {
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Health {
-    /// `ok`, or `degraded` when `problems` lists something.
+    /// `ok`, or `degraded` when `problems` lists something; `draining` while the
+    /// daemon stops (every other route answers 503 `unavailable` then).
     #[schema(example = "ok")]
     pub status: &'static str,
     /// What is degraded now and what to do (empty when `ok`); see [`crate::health`].
@@ -174,7 +175,8 @@ pub async fn health(State(state): State<Shared>) -> Json<Health> {
     );
     let problems = facts.problems();
     Json(Health {
-        status: crate::health::status(&problems),
+        // Stopping: the listeners answer only this route until the runs end.
+        status: if state.shutdown.is_cancelled() { "draining" } else { crate::health::status(&problems) },
         problems,
         version: state.version,
         rootfs_sha256: state.rootfs_sha256.clone(),

@@ -41,7 +41,12 @@ pub struct Surface {
     listener: Listener,
     served: Vec<Served>,
     body_timeout: Duration,
+    /// Cancelled when the daemon starts draining (see [`Surface::draining`]).
+    drain: Option<tokio_util::sync::CancellationToken>,
 }
+
+/// Seconds a client is told to wait (`Retry-After`) when the daemon is draining.
+pub const RETRY_AFTER_S: u64 = 5;
 
 impl Surface {
     /// For the HTTP listener bound at `bound` (its real port), with `public_url`.
@@ -62,12 +67,24 @@ impl Surface {
                 served.push(public);
             }
         }
-        Surface { listener: Listener::Http, served, body_timeout }
+        Surface { listener: Listener::Http, served, body_timeout, drain: None }
     }
 
     /// For the Unix socket: no browser reaches it, so only the body rules apply.
     pub fn unix(body_timeout: Duration) -> Surface {
-        Surface { listener: Listener::Unix, served: Vec::new(), body_timeout }
+        Surface { listener: Listener::Unix, served: Vec::new(), body_timeout, drain: None }
+    }
+
+    /// Once `drain` is cancelled (the daemon is stopping), every request but
+    /// `GET /v1/health` is answered 503 `unavailable` with `Retry-After`, while the
+    /// listener keeps accepting until the runs in flight have ended.
+    pub fn draining(mut self, drain: tokio_util::sync::CancellationToken) -> Surface {
+        self.drain = Some(drain);
+        self
+    }
+
+    fn is_draining(&self) -> bool {
+        self.drain.as_ref().is_some_and(|d| d.is_cancelled())
     }
 
     pub fn listener(&self) -> Listener {
@@ -195,10 +212,32 @@ pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next
         tracing::info!(method = %req.method(), path = %req.uri().path(), code = e.code.as_str(), "request refused at the surface");
         return e.into_response();
     }
+    if surface.is_draining() && !(req.method() == Method::GET && req.uri().path() == "/v1/health") {
+        return with_retry_after(
+            ApiError::new(
+                Code::Unavailable,
+                format!(
+                    "the daemon is shutting down and takes no new requests (this one was not carried out): retry in {RETRY_AFTER_S} s, once it is back"
+                ),
+            )
+            .into_response(),
+        );
+    }
     let deadline = json_route(req.method(), req.uri().path()).then(|| Instant::now() + surface.body_timeout);
     let (parts, body) = req.into_parts();
     let body = Body::new(TimedBody::new(body, surface.body_timeout, deadline));
-    next.run(Request::from_parts(parts, body)).await
+    let response = next.run(Request::from_parts(parts, body)).await;
+    if response.status() == axum::http::StatusCode::SERVICE_UNAVAILABLE {
+        // Refused by the service itself (a run that came in as the drain began).
+        return with_retry_after(response);
+    }
+    response
+}
+
+/// `Retry-After` on a 503 answer, unless it has one.
+fn with_retry_after(mut response: Response) -> Response {
+    response.headers_mut().entry(header::RETRY_AFTER).or_insert(axum::http::HeaderValue::from(RETRY_AFTER_S));
+    response
 }
 
 /// A request body that stalled, or did not arrive whole before its deadline.

@@ -221,6 +221,23 @@ impl Cgroups {
     }
 }
 
+impl Cgroups {
+    /// Remove every run cgroup still there, then the instance's own directories
+    /// (one per hierarchy): a clean stop leaves no cgroup behind. Returns how
+    /// many run cgroups were still there.
+    pub fn remove_all(&self) -> Result<usize, Error> {
+        let left = self.remove_stale()?;
+        for base in self.layout.bases() {
+            match fs::remove_dir(&base) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::Remove(base, e)),
+            }
+        }
+        Ok(left)
+    }
+}
+
 impl RunCgroup {
     /// Set (or change) the run's limits, with the default CPU weight.
     pub fn set_limits(&self, limits: &Limits) -> Result<(), Error> {
