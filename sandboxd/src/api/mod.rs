@@ -99,6 +99,7 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi::document))
         .merge(api)
+        .route_layer(axum::middleware::from_fn(surface::json_type))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
