@@ -196,7 +196,8 @@ pub fn document_for(limits: &Limits) -> Value {
                     }
                 }
             }
-            if op_id == "create_session" {
+            // No body: a session with the defaults; an empty file.
+            if op_id == "create_session" || op_id == "upload_file" {
                 op["requestBody"]["required"] = json!(false);
             }
             if op_id == "list_files" {
@@ -371,6 +372,7 @@ mod tests {
         assert_eq!(post["requestBody"]["required"], json!(false));
         // The upload body is bytes, not an array of numbers.
         let put = &doc["paths"]["/v1/sessions/{id}/files/{path}"]["put"];
+        assert_eq!(put["requestBody"]["required"], json!(false));
         let body = &put["requestBody"]["content"]["application/octet-stream"]["schema"];
         let body = resolve(&doc, body["$ref"].as_str().unwrap_or("#")).unwrap_or(body);
         assert_eq!((&body["type"], &body["format"]), (&json!("string"), &json!("binary")), "{body}");
