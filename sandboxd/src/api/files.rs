@@ -3,18 +3,18 @@
 //! [`crate::workspace`] (never following a link out of the workspace).
 
 use super::error::{ApiError, Code};
+use super::error::{Path, Query};
 use super::{Caller, Shared};
 pub use crate::service::FileEntry;
 use crate::service::{self, Done};
 use axum::body::Body;
-use super::error::{Path, Query};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::StreamExt;
-use std::os::unix::ffi::OsStrExt;
 use serde::Deserialize;
+use std::os::unix::ffi::OsStrExt;
 
 /// The listing's header that says whether it is the workspace's first part only.
 pub const LISTING_PARTIAL: &str = "sandboxd-listing-partial";
@@ -206,7 +206,10 @@ mod tests {
             (b"chart.png", "inline; filename=\"chart.png\"; filename*=UTF-8''chart.png"),
             (b"a b\"c\\d;e", "inline; filename=\"a b_c_d;e\"; filename*=UTF-8''a%20b%22c%5Cd%3Be"),
             (b"x\x1b[31m\ny\r", "inline; filename=\"x_[31m_y_\"; filename*=UTF-8''x%1B%5B31m%0Ay%0D"),
-            ("r\u{e9}sum\u{e9} \u{1f600}.txt".as_bytes(), "inline; filename=\"r_sum_ _.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20%F0%9F%98%80.txt"),
+            (
+                "r\u{e9}sum\u{e9} \u{1f600}.txt".as_bytes(),
+                "inline; filename=\"r_sum_ _.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20%F0%9F%98%80.txt",
+            ),
             (b"\xff\xfeok", "inline; filename=\"__ok\"; filename*=UTF-8''%EF%BF%BD%EF%BF%BDok"),
             (b"\x7f%", "inline; filename=\"_%\"; filename*=UTF-8''%7F%25"),
         ];

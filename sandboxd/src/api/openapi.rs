@@ -140,8 +140,10 @@ pub fn document_for(limits: &Limits) -> Value {
     // The policy's name is served (the derive skips it: never read from the file);
     // every field is always sent.
     if let Some(policy) = schemas.get_mut("Policy") {
-        obj(&mut policy["properties"])
-            .insert("name".into(), json!({"type": "string", "description": "The policy's name.", "example": "default"}));
+        obj(&mut policy["properties"]).insert(
+            "name".into(),
+            json!({"type": "string", "description": "The policy's name.", "example": "default"}),
+        );
         let mut names: Vec<Value> = obj(&mut policy["properties"]).keys().map(|k| json!(k)).collect();
         names.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
         policy["required"] = Value::Array(names);
@@ -335,8 +337,7 @@ mod tests {
             for status in want {
                 let r = &responses.get(&status.to_string()).unwrap_or_else(|| panic!("{method} {path}: no {status}"));
                 assert_eq!(
-                    r["content"]["application/json"]["schema"]["$ref"],
-                    "#/components/schemas/ErrorBody",
+                    r["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody",
                     "{method} {path} {status}"
                 );
             }

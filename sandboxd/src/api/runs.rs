@@ -1,12 +1,12 @@
 //! `POST /v1/runs` and `POST /v1/sessions/{id}/runs`, as JSON or as server-sent
 //! events (`Accept: text/event-stream`).
 
+use super::error::Path;
 use super::error::{ApiError, Code};
 use super::{read_json, Caller, Shared};
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::run::{RunRequest, RunResult};
 use crate::service;
-use super::error::Path;
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::sse::{Event, KeepAlive, Sse};

@@ -1,12 +1,12 @@
 //! Session routes: create, list, show, close; each reads its input and calls
 //! [`crate::service`].
 
+use super::error::Path;
 use super::error::{ApiError, Code};
 use super::{read_json, Caller, Shared};
 pub use crate::service::CreateSession;
 use crate::service::Done;
 use crate::session::SessionInfo;
-use super::error::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
