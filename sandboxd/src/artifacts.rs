@@ -97,14 +97,16 @@ pub fn mime_type(path: &Path) -> String {
     mime_guess::from_path(path).first_or_octet_stream().essence_str().to_string()
 }
 
-/// Percent-encode a relative path for a URL, keeping the slashes.
+/// Percent-encode a relative path for a URL, keeping the slashes. A `.` or `..`
+/// part (a client's path, before the daemon refuses it) is encoded whole, so that
+/// nothing on the way (a proxy) can take it for a step up to another route.
 pub fn url_path(path: &Path) -> String {
     let mut out = String::new();
     for (i, part) in path.to_string_lossy().split('/').enumerate() {
         if i > 0 {
             out.push('/');
         }
-        encode_segment(part, true, &mut out);
+        encode_segment(part, part != "." && part != "..", &mut out);
     }
     out
 }
@@ -148,6 +150,7 @@ mod tests {
     #[test]
     fn encodes_urls() {
         assert_eq!(url_path(Path::new("a b/c#d.png")), "a%20b/c%23d.png");
+        assert_eq!(url_path(Path::new("../../x/./..y.z")), "%2E%2E/%2E%2E/x/%2E/..y.z");
         assert_eq!(mime_type(Path::new("x.png")), "image/png");
         assert_eq!(mime_type(Path::new("x.unknownext")), "application/octet-stream");
     }

@@ -28,6 +28,7 @@ pub enum Error {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = CheckStatus)]
 pub enum Status {
     /// Met.
     Ok,
@@ -465,7 +466,7 @@ pub fn remember(state_dir: &Path, tarball: &Path) {
 }
 
 /// `GET /v1/check`: the host check, as the daemon sees the host now.
-#[utoipa::path(get, path = "/v1/check", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
+#[utoipa::path(get, path = "/v1/check", operation_id = "check_host", tag = "daemon", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
 pub async fn route() -> axum::Json<Report> {
     axum::Json(now().await)
 }

@@ -55,6 +55,9 @@ impl<'de> Deserialize<'de> for NoNetwork {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
+    /// The policy's name (its file name, without `.toml`); served, never read
+    /// from the file (the OpenAPI document adds it: `skip_deserializing` hides it
+    /// from the derive).
     #[serde(skip_deserializing)]
     pub name: String,
     pub description: String,

@@ -52,11 +52,14 @@ pub struct RunRequest {
     pub code: String,
     /// Run in this session; without it a new session is made and returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = r"^([0-9a-f]{16}\.)?[A-Za-z0-9_-]{1,64}$")]
     pub session_id: Option<String>,
     #[serde(default)]
     pub language: Language,
-    /// Wall-clock limit in seconds, at most the policy's.
+    /// Wall-clock limit in seconds: more than 0, at most the policy's `timeout_s`
+    /// (the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0)]
     pub timeout_s: Option<f64>,
     /// Policy for a new session (an existing session keeps its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +71,7 @@ pub struct RunRequest {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = RunStatus)]
 pub enum Status {
     Ok,
     Error,
@@ -108,8 +112,10 @@ pub struct RunResult {
     pub duration_ms: u64,
     pub artifacts: Vec<Artifact>,
     pub artifacts_truncated: bool,
-    /// Kernel sessions only: `result`, `exception`, `kernel_restarted`.
+    /// Kernel sessions only: `result`, `exception`, `kernel_restarted` (the
+    /// OpenAPI document lists them as optional properties of `RunResult`).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
     pub kernel: Option<KernelFields>,
 }
 

@@ -69,13 +69,16 @@ impl Error {
 pub struct CreateSession {
     /// Caller-chosen id (`^[A-Za-z0-9_-]{1,64}$`); made up when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = r"^[A-Za-z0-9_-]{1,64}$")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
-    /// Idle time before the session is closed, seconds.
+    /// Idle time before the session is closed, seconds (1 to 30 days; default:
+    /// the daemon's `session_ttl_s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 2592000)]
     pub ttl_s: Option<u64>,
 }
 
@@ -99,10 +102,13 @@ pub struct Listing {
 /// The answer of an operation that only reports what it did:
 /// `{"status":"closed"}`, `{"status":"cancelled"|"idle"}`,
 /// `{"status":"deleted","path":...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Done {
+    #[schema(example = "closed")]
     pub status: String,
+    /// The file deleted (`DELETE .../files/{path}` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub path: Option<String>,
 }
 
@@ -144,8 +150,8 @@ pub struct OpenFile {
     pub file: std::fs::File,
     pub size: u64,
     pub mime_type: String,
-    /// The file's name, safe in a `Content-Disposition` header.
-    pub name: String,
+    /// The file's name (its last component), as the workspace holds it.
+    pub name: std::ffi::OsString,
 }
 
 /// The daemon's operations over its sessions, runs and files. Cheap to clone.
@@ -304,8 +310,7 @@ impl Service {
         let rel = workspace::validate(path)?;
         let (ws, _, _hold) = self.open_workspace(caller, id)?;
         let (file, meta) = ws.open_read(&rel)?;
-        let name =
-            rel.file_name().map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_")).unwrap_or_default();
+        let name = rel.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name })
     }
 

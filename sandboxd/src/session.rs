@@ -70,11 +70,13 @@ pub struct SessionInfo {
     pub created_at: String,
     pub last_used_at: String,
     pub ttl_s: u64,
+    /// The token identity that owns the session (a hash, never the token); absent
+    /// for sessions made without a token.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
+    #[schema(nullable = false)]
     pub owner: Option<String>,
+    /// The host uid the session's code runs as.
     #[serde(default)]
-    #[schema(ignore)]
     pub uid: u32,
     /// Always stored as false: only the live state says a session is busy.
     #[serde(default)]

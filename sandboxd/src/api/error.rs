@@ -133,6 +133,49 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `axum::extract::Path`, refused in the error envelope (axum's own refusal is
+/// plain text): a segment that is not UTF-8 once percent-decoded.
+pub struct Path<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Path<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(e) => Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("{}: percent-encode the URL's path from UTF-8", e.body_text()),
+            )),
+        }
+    }
+}
+
+/// `axum::extract::Query`, refused in the error envelope.
+pub struct Query<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Query<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(e) => Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("{}: see GET /v1/openapi.json for the route's query parameters", e.body_text()),
+            )),
+        }
+    }
+}
+
 /// The one mapping from the service's errors to HTTP answers (status and code).
 /// Internal failures are logged in full here and answered without host details.
 impl From<crate::service::Error> for ApiError {

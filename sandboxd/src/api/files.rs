@@ -3,19 +3,26 @@
 //! [`crate::workspace`] (never following a link out of the workspace).
 
 use super::error::{ApiError, Code};
+use super::error::{Path, Query};
 use super::{Caller, Shared};
 pub use crate::service::FileEntry;
 use crate::service::{self, Done};
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::StreamExt;
 use serde::Deserialize;
+use std::os::unix::ffi::OsStrExt;
 
 /// The listing's header that says whether it is the workspace's first part only.
 pub const LISTING_PARTIAL: &str = "sandboxd-listing-partial";
+
+/// A file's raw bytes, as uploaded or downloaded (documentation only).
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct FileBytes(#[allow(dead_code)] Vec<u8>);
 
 #[derive(Deserialize, Default)]
 pub struct UploadQuery {
@@ -37,10 +44,10 @@ fn checked_path(raw: &str) -> Result<&str, ApiError> {
     Ok(raw)
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/files", params(("id" = String, Path)),
-    responses((status = 200, body = Vec<FileEntry>,
-        headers(("sandboxd-listing-partial" = String, description = "present when the workspace holds more than one listing reports (200,000 entries, 4 MiB of paths, 64 levels): what is listed is the first part, by path"))),
-        (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", operation_id = "list_files", tag = "files",
+    params(("id" = String, Path, description = "the session's id")),
+    responses((status = 200, body = Vec<FileEntry>, description = "every regular file of the workspace, recursively, by path",
+        headers(("sandboxd-listing-partial" = String, description = "`true` when the workspace holds more than one listing reports (200,000 entries, 4 MiB of paths, 64 levels): what is listed is the first part, by path; else `false`")))))]
 pub async fn list(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -51,8 +58,12 @@ pub async fn list(
     Ok(([(header::HeaderName::from_static(LISTING_PARTIAL), partial)], Json(listing.files)))
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path)),
-    responses((status = 200, description = "the file's bytes"), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", operation_id = "download_file", tag = "files",
+    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts")),
+    responses((status = 200, description = "the file's bytes, with the `Content-Type` its name implies",
+        content((FileBytes = "*/*")),
+        headers(("content-disposition" = String, description = "`inline; filename=\"...\"; filename*=UTF-8''...` (RFC 6266: an ASCII fallback, then the name percent-encoded)"),
+            ("content-security-policy" = String, description = "`sandbox`: a page the session wrote runs in an origin of its own")))))]
 pub async fn download(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -67,17 +78,43 @@ pub async fn download(
         [
             (header::CONTENT_TYPE, opened.mime_type),
             (header::CONTENT_LENGTH, opened.size.to_string()),
-            (header::CONTENT_DISPOSITION, format!("inline; filename=\"{}\"", opened.name)),
+            (header::CONTENT_DISPOSITION, content_disposition(opened.name.as_bytes())),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+            // A page the sandbox wrote, shown by a browser, runs in an origin of its
+            // own: it cannot call the API as the daemon's origin.
+            (header::CONTENT_SECURITY_POLICY, "sandbox".to_string()),
         ],
         body,
     )
         .into_response())
 }
 
-#[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path), ("overwrite" = Option<bool>, Query)),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 201, body = FileEntry), (status = "4XX", body = super::error::ErrorBody)))]
+/// `Content-Disposition` for a file named `name` (bytes the sandbox chose: any
+/// but `/` and NUL), per RFC 6266: `inline` (DESIGN §4), an ASCII `filename`
+/// for old clients (each character that is not printable ASCII, and `"` and
+/// `\\`, as `_`), and `filename*` with the name's UTF-8 percent-encoded (RFC 8187;
+/// a name that is not UTF-8 is read lossily). Always a valid header value.
+pub fn content_disposition(name: &[u8]) -> String {
+    let text = String::from_utf8_lossy(name);
+    let fallback: String =
+        text.chars().map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' { c } else { '_' }).collect();
+    let mut encoded = String::new();
+    for b in text.bytes() {
+        // RFC 8187 attr-char: ALPHA / DIGIT / "!#$&+-.^_`|~"; everything else as %XX.
+        if b.is_ascii_alphanumeric() || b"!#$&+-.^_`|~".contains(&b) {
+            encoded.push(b as char);
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    format!("inline; filename=\"{fallback}\"; filename*=UTF-8''{encoded}")
+}
+
+#[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", operation_id = "upload_file", tag = "files",
+    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts; missing directories are made"),
+        ("overwrite" = Option<String>, Query, description = "`true` (or `1`) replaces an existing file; default `false` (or `0`)")),
+    request_body(content = FileBytes, content_type = "application/octet-stream", description = "the file's bytes, at most the policy's `upload_mb`"),
+    responses((status = 201, body = FileEntry, description = "the file written")))]
 pub async fn upload(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -148,12 +185,38 @@ async fn drain(mut stream: axum::body::BodyDataStream) {
     .await;
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path)),
-    responses((status = 200, description = "{\"status\":\"deleted\"}"), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", operation_id = "delete_file", tag = "files",
+    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts")),
+    responses((status = 200, body = Done, description = "`{\"status\":\"deleted\",\"path\":...}`")))]
 pub async fn remove(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Json<Done>, ApiError> {
     Ok(Json(state.service.delete_file(&caller, &id, checked_path(&path)?)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_disposition_is_a_valid_header_for_any_name() {
+        let cases: [(&[u8], &str); 6] = [
+            (b"chart.png", "inline; filename=\"chart.png\"; filename*=UTF-8''chart.png"),
+            (b"a b\"c\\d;e", "inline; filename=\"a b_c_d;e\"; filename*=UTF-8''a%20b%22c%5Cd%3Be"),
+            (b"x\x1b[31m\ny\r", "inline; filename=\"x_[31m_y_\"; filename*=UTF-8''x%1B%5B31m%0Ay%0D"),
+            (
+                "r\u{e9}sum\u{e9} \u{1f600}.txt".as_bytes(),
+                "inline; filename=\"r_sum_ _.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20%F0%9F%98%80.txt",
+            ),
+            (b"\xff\xfeok", "inline; filename=\"__ok\"; filename*=UTF-8''%EF%BF%BD%EF%BF%BDok"),
+            (b"\x7f%", "inline; filename=\"_%\"; filename*=UTF-8''%7F%25"),
+        ];
+        for (name, want) in cases {
+            let got = content_disposition(name);
+            assert_eq!(got, want, "{name:?}");
+            axum::http::HeaderValue::from_str(&got).unwrap();
+        }
+    }
 }

@@ -99,6 +99,7 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi::document))
         .merge(api)
+        .route_layer(axum::middleware::from_fn(surface::json_type))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -164,7 +165,7 @@ pub struct Health {
     pub pool: crate::pool::Stats,
 }
 
-#[utoipa::path(get, path = "/v1/health", responses((status = 200, body = Health, description = "`status` is `ok`, or `degraded` with `problems` naming each thing that is wrong now (the rootfs not mounted, the run cgroup directories gone, a policy's pooled sandboxes failing to start, a host check item failing) and what to do")))]
+#[utoipa::path(get, path = "/v1/health", operation_id = "health", tag = "daemon", responses((status = 200, body = Health, description = "`status` is `ok`, or `degraded` with `problems` naming each thing that is wrong now (the rootfs not mounted, the run cgroup directories gone, a policy's pooled sandboxes failing to start, a host check item failing) and what to do")))]
 pub async fn health(State(state): State<Shared>) -> Json<Health> {
     let ctx = &state.ctx;
     let facts = crate::health::Facts::gather(
@@ -205,6 +206,13 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     })?;
     if bytes.is_empty() {
         return Err(ApiError::new(Code::InvalidRequest, "request body is empty: send a JSON object"));
+    }
+    // serde would read a struct from a JSON array too (its fields in order).
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            "the request body is not a JSON object: send {\"field\": value, ...} with the fields GET /v1/openapi.json documents",
+        ));
     }
     serde_json::from_slice(&bytes).map_err(|e| ApiError::new(Code::InvalidRequest, format!("invalid JSON body: {e}")))
 }

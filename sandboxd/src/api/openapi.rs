@@ -1,14 +1,23 @@
 //! `GET /v1/openapi.json`: generated from the handlers' annotations and the
-//! request/response types, never written by hand.
+//! request/response types, never written by hand. What the derive cannot say is
+//! added here, in one place ([`document_for`]): the error answers each route can
+//! give (from [`ERRORS`]), the rules the daemon enforces that depend on its
+//! policies (`timeout_s`'s maximum, the policy names, the code's size), the
+//! session-id pattern of path parameters, the optional session body, the kernel
+//! fields of a run result, the policy's `name`, and the optional bearer token.
 
+use super::Shared;
+use crate::policy::Policy;
+use axum::extract::State;
 use axum::Json;
+use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "sandboxd",
-        description = "Run untrusted Python in native Linux sandboxes. Every POST takes a JSON body sent with `Content-Type: application/json` (else 415 `unsupported_media_type`). Over HTTP, a `Host` the daemon does not serve or a foreign `Origin` is refused with 403 `forbidden`. A body that stalls, or a JSON body slower than `body_timeout_s`, gets 408 `request_timeout`. With tokens, each token has its own session id space and quotas (429 `max_sessions`, `max_runs`)."
+        description = "Run untrusted Python in native Linux sandboxes. Every POST takes a JSON object sent with `Content-Type: application/json` (else 415 `unsupported_media_type`). Over HTTP, a `Host` the daemon does not serve or a foreign `Origin` is refused with 403 `forbidden`. A body that stalls, or a JSON body slower than `body_timeout_s`, gets 408 `request_timeout`. A method a route does not take gets 405 `method_not_allowed` with `Allow`. With tokens, each token has its own session id space and quotas (429 `max_sessions`, `max_runs`). Every error is `{\"error\":{\"code\",\"message\"}}`, the message saying what to do."
     ),
     paths(
         super::health,
@@ -26,10 +35,509 @@ use utoipa::OpenApi;
         super::files::remove,
         crate::check::route,
     ),
-    components(schemas(crate::health::Problem, super::error::Code, crate::run::Language, crate::session::Mode))
+    components(schemas(
+        crate::health::Problem,
+        super::error::Code,
+        super::error::ErrorBody,
+        crate::run::Language,
+        crate::run::KernelFields,
+        crate::session::Mode
+    ))
 )]
 pub struct ApiDoc;
 
-pub async fn document() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+/// A session id as a path parameter: a caller without a token may also name a
+/// token's session by its key, `<tenant>.<id>` ([`crate::session::key`]).
+pub const SESSION_ID_PATTERN: &str = r"^([0-9a-f]{16}\.)?[A-Za-z0-9_-]{1,64}$";
+
+/// What each error status means, for the document.
+fn error_description(status: u16) -> &'static str {
+    match status {
+        400 => "`invalid_request` (a body that is not a JSON object of the documented fields, a bad value), `invalid_session_id`, `invalid_path` or `policy_not_found`: the message says what to change",
+        401 => "`unauthorized`: tokens are configured and the request has no `Authorization: Bearer <token>` with one of them",
+        403 => "`forbidden`: over HTTP, a `Host` the daemon does not serve, or a foreign `Origin`",
+        404 => "`session_not_found` (closed, expired, never made, or another token's), or `not_found` (no such file)",
+        408 => "`request_timeout`: the body stalled, or a JSON body did not arrive within `body_timeout_s`",
+        409 => "`session_busy` (a run is going on in it), `session_exists`, `file_exists` (pass `overwrite=true`) or `file_busy` (a lease or lock from the session's code)",
+        413 => "`code_too_large` (more code than the policy's `code_kb`), `upload_too_large` (more than `upload_mb`, or the workspace is full)",
+        415 => "`unsupported_media_type`: a JSON body without `Content-Type: application/json`",
+        429 => "`max_sessions` (the daemon's or the token's sessions are all taken) or `max_runs` (the token's runs at once)",
+        500 => "`internal`: a host failure; the daemon log has the cause",
+        503 => "`unavailable`: the daemon is shutting down; retry in a moment",
+        _ => "an error",
+    }
+}
+
+/// The error statuses each operation can answer, beyond 403 (every HTTP request)
+/// and 500: what its handler, the auth layer (401) and the surface guard (415 and
+/// 408 for bodies) can refuse it with.
+pub const ERRORS: &[(&str, &[u16])] = &[
+    ("health", &[]),
+    ("check_host", &[401]),
+    ("list_policies", &[401]),
+    ("run", &[400, 401, 404, 408, 409, 413, 415, 429, 503]),
+    ("run_in_session", &[400, 401, 404, 408, 409, 413, 415, 429, 503]),
+    ("create_session", &[400, 401, 408, 409, 415, 429]),
+    ("list_sessions", &[401]),
+    ("get_session", &[400, 401, 404]),
+    ("close_session", &[400, 401, 404]),
+    ("cancel_run", &[400, 401, 404]),
+    ("list_files", &[400, 401, 404]),
+    ("download_file", &[400, 401, 404, 409, 413]),
+    ("upload_file", &[400, 401, 404, 408, 409, 413]),
+    ("delete_file", &[400, 401, 404, 409]),
+];
+
+/// The limits of the daemon's policies that the document states.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub policy_names: Vec<String>,
+    /// The largest `timeout_s` of any policy.
+    pub max_timeout_s: u64,
+    /// The largest code of any policy, in bytes.
+    pub max_code_bytes: usize,
+}
+
+impl Limits {
+    pub fn of(policies: &[Policy]) -> Limits {
+        Limits {
+            policy_names: policies.iter().map(|p| p.name.clone()).collect(),
+            max_timeout_s: policies.iter().map(|p| p.timeout_s).max().unwrap_or(0),
+            max_code_bytes: policies.iter().map(|p| p.code_bytes()).max().unwrap_or(0),
+        }
+    }
+}
+
+pub async fn document(State(state): State<Shared>) -> Json<Value> {
+    Json(document_for(&Limits::of(&state.service.policies())))
+}
+
+fn obj(v: &mut Value) -> &mut Map<String, Value> {
+    if !v.is_object() {
+        *v = Value::Object(Map::new());
+    }
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!("made an object above"),
+    }
+}
+
+/// The document, with what the derive cannot say added.
+pub fn document_for(limits: &Limits) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
+    let error_ref = json!({"$ref": "#/components/schemas/ErrorBody"});
+    let schemas = obj(obj(&mut doc["components"]).entry("schemas").or_insert(json!({})));
+
+    // A run result: the kernel fields are flattened in, present for kernel cells only.
+    let kernel = schemas.remove("KernelFields").unwrap_or_default();
+    if let Some(props) = schemas.get_mut("RunResult").map(|r| obj(&mut r["properties"])) {
+        if let Some(Value::Object(k)) = kernel.get("properties") {
+            for (name, schema) in k {
+                props.insert(name.clone(), schema.clone());
+            }
+        }
+    }
+    // The policy's name is served (the derive skips it: never read from the file);
+    // every field is always sent.
+    if let Some(policy) = schemas.get_mut("Policy") {
+        obj(&mut policy["properties"]).insert(
+            "name".into(),
+            json!({"type": "string", "description": "The policy's name.", "example": "default"}),
+        );
+        let mut names: Vec<Value> = obj(&mut policy["properties"]).keys().map(|k| json!(k)).collect();
+        names.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+        policy["required"] = Value::Array(names);
+    }
+    // Rules that depend on the configured policies.
+    let mut names: Vec<Value> = limits.policy_names.iter().map(|n| json!(n)).collect();
+    names.push(Value::Null);
+    if let Some(req) = schemas.get_mut("RunRequest") {
+        req["properties"]["timeout_s"]["maximum"] = json!(limits.max_timeout_s);
+        req["properties"]["code"]["maxLength"] = json!(limits.max_code_bytes);
+        req["properties"]["policy"]["enum"] = Value::Array(names.clone());
+    }
+    if let Some(req) = schemas.get_mut("CreateSession") {
+        req["properties"]["policy"]["enum"] = Value::Array(names);
+    }
+
+    // The optional bearer token.
+    obj(&mut doc["components"]).insert(
+        "securitySchemes".into(),
+        json!({"bearer": {"type": "http", "scheme": "bearer",
+            "description": "Needed over HTTP when the daemon has `tokens`; a Unix-socket caller without one acts as the operator."}}),
+    );
+
+    let Some(Value::Object(paths)) = doc.get_mut("paths") else { return doc };
+    for (path, item) in paths.iter_mut() {
+        let Value::Object(item) = item else { continue };
+        for (_method, op) in item.iter_mut() {
+            let op_id = op["operationId"].as_str().unwrap_or_default().to_string();
+            let own = ERRORS.iter().find(|(id, _)| *id == op_id).map(|(_, s)| *s).unwrap_or(&[]);
+            let responses = obj(&mut op["responses"]);
+            for status in own.iter().copied().chain([403, 500]) {
+                responses.insert(
+                    status.to_string(),
+                    json!({"description": error_description(status), "content": {"application/json": {"schema": error_ref}}}),
+                );
+            }
+            if own.contains(&401) {
+                op["security"] = json!([{}, {"bearer": []}]);
+            }
+            if let Some(Value::Array(params)) = op.get_mut("parameters") {
+                for p in params.iter_mut() {
+                    match (p["in"].as_str(), p["name"].as_str()) {
+                        (Some("path"), Some("id")) => p["schema"]["pattern"] = json!(SESSION_ID_PATTERN),
+                        (Some("path"), Some("path")) => {
+                            p["schema"]["minLength"] = json!(1);
+                            p["schema"]["maxLength"] = json!(1024);
+                        }
+                        (Some("query"), Some("overwrite")) => {
+                            p["schema"] = json!({"type": "string", "enum": ["true", "false", "1", "0"]})
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            // No body: a session with the defaults; an empty file.
+            if op_id == "create_session" || op_id == "upload_file" {
+                op["requestBody"]["required"] = json!(false);
+            }
+            if op_id == "list_files" {
+                let header = &mut op["responses"]["200"]["headers"][super::files::LISTING_PARTIAL];
+                header["required"] = json!(true);
+                header["schema"] = json!({"type": "string", "enum": ["true", "false"]});
+            }
+        }
+        let _ = path;
+    }
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn doc() -> Value {
+        let strict = Policy { name: "strict".into(), timeout_s: 15, code_kb: 50, ..Policy::default() };
+        document_for(&Limits::of(&[Policy::default(), strict]))
+    }
+
+    fn operations(doc: &Value) -> Vec<(String, String, &Value)> {
+        let mut out = vec![];
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                out.push((path.clone(), method.clone(), op));
+            }
+        }
+        out
+    }
+
+    fn refs<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("$ref", Value::String(r)) => out.push(r),
+                        _ => refs(v, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+
+    fn resolve<'a>(doc: &'a Value, r: &str) -> Option<&'a Value> {
+        doc.pointer(r.strip_prefix('#')?)
+    }
+
+    /// No field the patching indexed into by mistake (serde_json makes it null).
+    fn no_stray_nulls(v: &Value, at: &str) {
+        match v {
+            Value::Null => panic!("null at {at}"),
+            Value::Object(m) => m.iter().for_each(|(k, v)| no_stray_nulls(v, &format!("{at}/{k}"))),
+            Value::Array(a) if !at.ends_with("/enum") => a.iter().for_each(|v| no_stray_nulls(v, at)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_document_has_no_stray_nulls() {
+        no_stray_nulls(&doc(), "");
+    }
+
+    #[test]
+    fn operation_ids_are_unique_and_every_route_has_one() {
+        let doc = doc();
+        let mut seen = BTreeSet::new();
+        for (path, method, op) in operations(&doc) {
+            let id = op["operationId"].as_str().unwrap_or_else(|| panic!("{method} {path} has no operationId"));
+            assert!(seen.insert(id.to_string()), "operationId {id:?} is used twice");
+            assert!(ERRORS.iter().any(|(e, _)| *e == id), "{id} is missing from ERRORS");
+            assert!(op["tags"].as_array().is_some_and(|t| t.len() == 1 && !t[0].as_str().unwrap().contains(':')));
+        }
+        assert_eq!(seen.len(), ERRORS.len(), "ERRORS names an operation that does not exist");
+    }
+
+    #[test]
+    fn every_ref_resolves_and_every_schema_is_used() {
+        let doc = doc();
+        let mut found = vec![];
+        refs(&doc, &mut found);
+        assert!(!found.is_empty());
+        for r in &found {
+            assert!(resolve(&doc, r).is_some(), "{r} does not resolve");
+        }
+        let used: BTreeSet<&str> = found.iter().map(|r| r.rsplit('/').next().unwrap()).collect();
+        for name in doc["components"]["schemas"].as_object().unwrap().keys() {
+            // `Code` is reached through ErrorDetail; Problem and Mode through others.
+            assert!(used.contains(name.as_str()), "schema {name} is never referenced");
+        }
+    }
+
+    #[test]
+    fn every_path_parameter_is_declared_and_constrained() {
+        let doc = doc();
+        for (path, method, op) in operations(&doc) {
+            let in_template: BTreeSet<&str> =
+                path.split('/').filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}'))).collect();
+            let declared: BTreeSet<&str> = op["parameters"]
+                .as_array()
+                .map(|ps| ps.iter().filter(|p| p["in"] == "path").map(|p| p["name"].as_str().unwrap()).collect())
+                .unwrap_or_default();
+            assert_eq!(in_template, declared, "{method} {path}");
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                assert_eq!(p["required"], json!(p["in"] == "path"), "{method} {path} {p}");
+                if p["name"] == "id" {
+                    assert_eq!(p["schema"]["pattern"], json!(SESSION_ID_PATTERN), "{method} {path}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_route_documents_its_error_answers_in_the_envelope() {
+        let doc = doc();
+        for (path, method, op) in operations(&doc) {
+            let responses = op["responses"].as_object().unwrap();
+            let mut want: BTreeSet<u16> = [403, 500].into();
+            if path != "/v1/health" {
+                want.insert(401);
+            }
+            if method == "post" {
+                want.extend([400, 408, 415]);
+            }
+            if method == "put" {
+                want.extend([400, 408, 413]);
+            }
+            if path.contains("{id}") {
+                want.extend([400, 404]);
+            }
+            for status in want {
+                let r = &responses.get(&status.to_string()).unwrap_or_else(|| panic!("{method} {path}: no {status}"));
+                assert_eq!(
+                    r["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody",
+                    "{method} {path} {status}"
+                );
+            }
+            for (status, r) in responses {
+                assert!(!r["description"].as_str().unwrap_or_default().is_empty(), "{method} {path} {status}");
+            }
+            if responses.contains_key("401") {
+                assert_eq!(op["security"], json!([{}, {"bearer": []}]), "{method} {path}");
+            }
+        }
+        let codes = &doc["components"]["schemas"]["Code"]["enum"];
+        for code in ["method_not_allowed", "unsupported_media_type", "request_timeout", "forbidden", "max_runs"] {
+            assert!(codes.as_array().unwrap().contains(&json!(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn the_enforced_rules_are_in_the_schemas() {
+        let doc = doc();
+        let s = &doc["components"]["schemas"];
+        let run = &s["RunRequest"]["properties"];
+        assert_eq!(run["timeout_s"]["exclusiveMinimum"].as_f64(), Some(0.0));
+        assert_eq!(run["timeout_s"]["maximum"], json!(60));
+        assert_eq!(run["code"]["maxLength"], json!(100 * 1024));
+        assert_eq!(run["policy"]["enum"], json!(["default", "strict", null]));
+        assert_eq!(run["session_id"]["pattern"], json!(SESSION_ID_PATTERN));
+        assert_eq!(s["RunRequest"]["additionalProperties"], json!(false));
+        let create = &s["CreateSession"]["properties"];
+        assert_eq!(create["id"]["pattern"], json!(r"^[A-Za-z0-9_-]{1,64}$"));
+        assert_eq!((&create["ttl_s"]["minimum"], &create["ttl_s"]["maximum"]), (&json!(1), &json!(2592000)));
+        assert_eq!(create["policy"]["enum"], json!(["default", "strict", null]));
+        let post = &doc["paths"]["/v1/sessions"]["post"];
+        assert_eq!(post["requestBody"]["required"], json!(false));
+        // The upload body is bytes, not an array of numbers.
+        let put = &doc["paths"]["/v1/sessions/{id}/files/{path}"]["put"];
+        assert_eq!(put["requestBody"]["required"], json!(false));
+        let body = &put["requestBody"]["content"]["application/octet-stream"]["schema"];
+        let body = resolve(&doc, body["$ref"].as_str().unwrap_or("#")).unwrap_or(body);
+        assert_eq!((&body["type"], &body["format"]), (&json!("string"), &json!("binary")), "{body}");
+        let overwrite = put["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "overwrite").unwrap();
+        assert_eq!(overwrite["schema"]["enum"], json!(["true", "false", "1", "0"]));
+        let list = &doc["paths"]["/v1/sessions/{id}/files"]["get"]["responses"]["200"]["headers"];
+        assert_eq!(list[super::super::files::LISTING_PARTIAL]["schema"]["enum"], json!(["true", "false"]));
+        // A schema per name: two types of one name would make one silently win.
+        assert_eq!(s["RunStatus"]["enum"], json!(["ok", "error", "timeout", "oom", "killed"]));
+        assert_eq!(s["CheckStatus"]["enum"], json!(["ok", "warn", "fail"]));
+        assert!(s.get("Status").is_none());
+    }
+
+    /// Two types that share a schema name: the document would hold one of them.
+    #[test]
+    fn no_two_types_share_a_schema_name() {
+        use utoipa::ToSchema;
+        let mut all = vec![];
+        crate::run::RunRequest::schemas(&mut all);
+        crate::run::RunResult::schemas(&mut all);
+        crate::service::CreateSession::schemas(&mut all);
+        crate::session::SessionInfo::schemas(&mut all);
+        crate::policy::Policy::schemas(&mut all);
+        crate::check::Report::schemas(&mut all);
+        super::super::Health::schemas(&mut all);
+        super::super::error::ErrorBody::schemas(&mut all);
+        let mut by_name: BTreeMap<String, String> = BTreeMap::new();
+        for (name, schema) in all {
+            let text = serde_json::to_string(&schema).unwrap();
+            if let Some(before) = by_name.insert(name.clone(), text.clone()) {
+                assert_eq!(before, text, "two schemas named {name}");
+            }
+        }
+        let doc = doc();
+        for name in by_name.keys() {
+            assert!(doc["components"]["schemas"].get(name).is_some(), "{name} is not in the document");
+        }
+    }
+
+    /// A small JSON-schema check, strict about objects: every property the server
+    /// sends must be documented (unless `additionalProperties` is a schema).
+    fn conforms(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), String> {
+        if let Some(r) = schema["$ref"].as_str() {
+            return conforms(doc, resolve(doc, r).ok_or(format!("{at}: {r}"))?, v, at);
+        }
+        if let Some(options) = schema["oneOf"].as_array() {
+            let ok = options.iter().filter(|o| conforms(doc, o, v, at).is_ok()).count();
+            return if ok == 1 { Ok(()) } else { Err(format!("{at}: {ok} of oneOf match {v}")) };
+        }
+        for part in schema["allOf"].as_array().into_iter().flatten() {
+            conforms(doc, part, v, at)?;
+        }
+        let type_name = match v {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        };
+        let types: Vec<&str> = match &schema["type"] {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => vec![],
+        };
+        if !types.is_empty() && !types.iter().any(|t| *t == type_name || (*t == "number" && type_name == "integer")) {
+            return Err(format!("{at}: {v} is not {types:?}"));
+        }
+        if let Some(options) = schema["enum"].as_array() {
+            if !options.contains(v) {
+                return Err(format!("{at}: {v} is not one of {options:?}"));
+            }
+        }
+        match v {
+            Value::Object(m) => {
+                for req in schema["required"].as_array().into_iter().flatten() {
+                    if !m.contains_key(req.as_str().unwrap()) {
+                        return Err(format!("{at}: {req} is missing"));
+                    }
+                }
+                for (k, item) in m {
+                    match schema["properties"].get(k) {
+                        Some(p) => conforms(doc, p, item, &format!("{at}.{k}"))?,
+                        None if schema["additionalProperties"].is_object() => {
+                            conforms(doc, &schema["additionalProperties"], item, &format!("{at}.{k}"))?
+                        }
+                        None if schema.get("properties").is_some() => {
+                            return Err(format!("{at}: {k} is sent but not documented"))
+                        }
+                        None => {}
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    conforms(doc, &schema["items"], item, &format!("{at}[{i}]"))?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn schema(name: &str) -> Value {
+        json!({"$ref": format!("#/components/schemas/{name}")})
+    }
+
+    #[test]
+    fn what_the_server_sends_conforms_to_its_schema() {
+        use crate::run::{KernelFields, RunResult, Status};
+        let doc = doc();
+        let script = RunResult {
+            run_id: "r".into(),
+            session_id: "s".into(),
+            status: Status::Timeout,
+            exit_code: None,
+            signal: Some("SIGKILL".into()),
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: true,
+            duration_ms: 3,
+            artifacts: vec![crate::run::Artifact {
+                path: "a.png".into(),
+                size_bytes: 1,
+                mime_type: "image/png".into(),
+                kind: crate::run::ArtifactKind::Figure,
+                url: "http://x/a.png".into(),
+            }],
+            artifacts_truncated: false,
+            kernel: None,
+        };
+        let value = serde_json::to_value(&script).unwrap();
+        conforms(&doc, &schema("RunResult"), &value, "script").unwrap();
+        let mut cell = script.clone();
+        cell.status = Status::Error;
+        cell.kernel = Some(KernelFields {
+            result: None,
+            exception: Some(json!({"name": "ZeroDivisionError", "value": "x", "traceback": "t"})),
+            kernel_restarted: true,
+        });
+        conforms(&doc, &schema("RunResult"), &serde_json::to_value(&cell).unwrap(), "cell").unwrap();
+        for policy in [Policy::default(), Policy { name: "strict".into(), ..Policy::default() }] {
+            conforms(&doc, &schema("Policy"), &serde_json::to_value(&policy).unwrap(), "policy").unwrap();
+        }
+        let info = crate::session::SessionInfo {
+            id: "s".into(),
+            mode: crate::session::Mode::Kernel,
+            policy: "default".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_used_at: "2026-01-01T00:00:00Z".into(),
+            ttl_s: 5,
+            owner: Some("ab".into()),
+            uid: 7,
+            busy: true,
+        };
+        conforms(&doc, &schema("SessionInfo"), &serde_json::to_value(&info).unwrap(), "session").unwrap();
+        let err = super::super::error::ApiError::new(super::super::error::Code::MethodNotAllowed, "m");
+        conforms(&doc, &schema("ErrorBody"), &err.body(), "error").unwrap();
+        let done = crate::service::Done { status: "deleted".into(), path: Some("a".into()) };
+        conforms(&doc, &schema("Done"), &serde_json::to_value(&done).unwrap(), "done").unwrap();
+        // And a script result is not taken for anything else.
+        assert!(conforms(&doc, &schema("RunResult"), &json!({"run_id": "r"}), "x").is_err());
+        assert!(conforms(&doc, &schema("Policy"), &json!({"nope": 1}), "x").is_err());
+    }
 }

@@ -1,12 +1,13 @@
 //! `POST /v1/runs` and `POST /v1/sessions/{id}/runs`, as JSON or as server-sent
 //! events (`Accept: text/event-stream`).
 
+use super::error::Path;
 use super::error::{ApiError, Code};
 use super::{read_json, Caller, Shared};
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::run::{RunRequest, RunResult};
 use crate::service;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,8 +20,10 @@ fn body_limit(state: &Shared) -> usize {
     state.service.max_code_bytes().unwrap_or(100 * 1024) * 6 + 64 * 1024
 }
 
-#[utoipa::path(post, path = "/v1/runs", request_body = RunRequest,
-    responses((status = 200, body = RunResult), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/runs", operation_id = "run", tag = "runs", request_body = RunRequest,
+    description = "Run code in a new session (or in `session_id`). A program that failed is a result (200), not an error.",
+    responses((status = 200, description = "the run's result; with `Accept: text/event-stream`, server-sent events `stdout` and `stderr` (`{\"text\": ...}`), then `result` (a RunResult) or `error` (the error envelope)",
+        content((RunResult = "application/json"), (String = "text/event-stream")))))]
 pub async fn create_run(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -31,8 +34,11 @@ pub async fn create_run(
     start(&state, &caller, req, &headers).await
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/runs", request_body = RunRequest, params(("id" = String, Path)),
-    responses((status = 200, body = RunResult), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions/{id}/runs", operation_id = "run_in_session", tag = "runs", request_body = RunRequest,
+    params(("id" = String, Path, description = "the session's id")),
+    description = "Run code in session `id` (a `session_id` in the body must be the same).",
+    responses((status = 200, description = "the run's result; with `Accept: text/event-stream`, server-sent events `stdout` and `stderr` (`{\"text\": ...}`), then `result` (a RunResult) or `error` (the error envelope)",
+        content((RunResult = "application/json"), (String = "text/event-stream")))))]
 pub async fn session_run(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,

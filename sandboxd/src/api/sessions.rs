@@ -1,17 +1,19 @@
 //! Session routes: create, list, show, close; each reads its input and calls
 //! [`crate::service`].
 
+use super::error::Path;
 use super::error::{ApiError, Code};
 use super::{read_json, Caller, Shared};
 pub use crate::service::CreateSession;
 use crate::service::Done;
 use crate::session::SessionInfo;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 
-#[utoipa::path(post, path = "/v1/sessions", request_body = CreateSession,
-    responses((status = 201, body = SessionInfo), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sessions", operation_id = "create_session", tag = "sessions",
+    request_body(content = CreateSession, description = "every field is optional; an empty body (no `Content-Type` needed) makes a session with the defaults"),
+    responses((status = 201, body = SessionInfo, description = "the new session")))]
 pub async fn create(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -30,13 +32,15 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-#[utoipa::path(get, path = "/v1/sessions", responses((status = 200, body = Vec<SessionInfo>)))]
+#[utoipa::path(get, path = "/v1/sessions", operation_id = "list_sessions", tag = "sessions",
+    responses((status = 200, body = Vec<SessionInfo>, description = "the caller's sessions")))]
 pub async fn list(State(state): State<Shared>, Extension(caller): Extension<Caller>) -> Json<Vec<SessionInfo>> {
     Json(state.service.list_sessions(&caller))
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}", params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}", operation_id = "get_session", tag = "sessions",
+    params(("id" = String, Path, description = "the session's id")),
+    responses((status = 200, body = SessionInfo, description = "the session")))]
 pub async fn show(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -45,8 +49,9 @@ pub async fn show(
     Ok(Json(state.service.get_session(&caller, &id)?))
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}", params(("id" = String, Path)),
-    responses((status = 200, description = "{\"status\":\"closed\"}"), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/sessions/{id}", operation_id = "close_session", tag = "sessions",
+    params(("id" = String, Path, description = "the session's id")),
+    responses((status = 200, body = Done, description = "`{\"status\":\"closed\"}`: its run (if any) killed, its files removed")))]
 pub async fn close(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -55,8 +60,9 @@ pub async fn close(
     Ok(Json(state.service.close_session(&caller, &id).await?))
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}/run", params(("id" = String, Path)),
-    responses((status = 200, description = "{\"status\":\"cancelled\"} or {\"status\":\"idle\"}"), (status = "4XX", body = super::error::ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/sessions/{id}/run", operation_id = "cancel_run", tag = "sessions",
+    params(("id" = String, Path, description = "the session's id")),
+    responses((status = 200, body = Done, description = "`{\"status\":\"cancelled\"}`, or `{\"status\":\"idle\"}` when nothing was running")))]
 /// Stop the run in flight in a session (it ends with status `killed`); the session stays.
 pub async fn cancel_run(
     State(state): State<Shared>,
@@ -66,7 +72,8 @@ pub async fn cancel_run(
     Ok(Json(state.service.cancel_run(&caller, &id)?))
 }
 
-#[utoipa::path(get, path = "/v1/policies", responses((status = 200, body = Vec<crate::policy::Policy>)))]
+#[utoipa::path(get, path = "/v1/policies", operation_id = "list_policies", tag = "sessions",
+    responses((status = 200, body = Vec<crate::policy::Policy>, description = "every policy, with its limits")))]
 /// The policies sessions can use, with their limits.
 pub async fn policies(State(state): State<Shared>) -> Json<Vec<crate::policy::Policy>> {
     Json(state.service.policies())

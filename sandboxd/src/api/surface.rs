@@ -123,8 +123,8 @@ impl Surface {
         bare && parse_origin(value).is_some_and(|o| self.served.contains(&o))
     }
 
-    /// The browser rules (HTTP only), then the body rules.
-    fn check(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    /// The browser rules (HTTP only).
+    fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if self.listener == Listener::Http {
             let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
             if !self.host_allowed(host) {
@@ -149,16 +149,26 @@ impl Surface {
                 }
             }
         }
-        if json_route(method, path) && !json_body_allowed(path, headers) {
-            return Err(ApiError::new(
-                Code::UnsupportedMediaType,
-                format!(
-                    "{method} {path} takes a JSON body: send it with `Content-Type: application/json` (curl --json, or -H 'Content-Type: application/json')"
-                ),
-            ));
-        }
         Ok(())
     }
+}
+
+/// A route layer (it runs only for a method a route takes, so that a POST to a
+/// route without one is a 405, not a 415): a JSON route's body must be sent as
+/// `application/json`.
+pub async fn json_type(req: Request, next: Next) -> Response {
+    let (method, path) = (req.method(), req.uri().path());
+    if json_route(method, path) && !json_body_allowed(path, req.headers()) {
+        let e = ApiError::new(
+            Code::UnsupportedMediaType,
+            format!(
+                "{method} {path} takes a JSON body: send it with `Content-Type: application/json` (curl --json, or -H 'Content-Type: application/json')"
+            ),
+        );
+        tracing::info!(method = %method, path = %path, code = e.code.as_str(), "request refused at the surface");
+        return e.into_response();
+    }
+    next.run(req).await
 }
 
 /// Routes whose body is JSON: every POST of the v1 API.
@@ -208,7 +218,7 @@ fn parse_origin(value: &str) -> Option<Served> {
 
 /// The middleware: refuse what [`Surface::check`] refuses, and give the body its timeouts.
 pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next) -> Response {
-    if let Err(e) = surface.check(req.method(), req.uri().path(), req.headers()) {
+    if let Err(e) = surface.check(req.headers()) {
         tracing::info!(method = %req.method(), path = %req.uri().path(), code = e.code.as_str(), "request refused at the surface");
         return e.into_response();
     }
