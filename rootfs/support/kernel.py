@@ -229,13 +229,16 @@ def main():
         if not line:
             return
         nonce = None
+        # Looked up before the cell runs: what the cell does to the channel applies
+        # from the next cell's reply on.
+        send = channel.send
         try:
             msg = json.loads(line)
             nonce = msg["nonce"]
             reply = run_cell(namespace, msg, channel)
         except BaseException:
             failed(channel, nonce)
-        channel.send(reply)
+        send(reply)
 
 
 def failed(channel, nonce):
