@@ -1,20 +1,39 @@
 """A kernel: one interpreter that keeps its state across the cells of a session.
 
-Run by sandboxd inside a session's sandbox as `python -c BOOTSTRAP`, with a socket to
-the daemon as stdin: the bootstrap reads this file from the socket (length-prefixed;
-the daemon embeds it in its binary, so the rootfs need not be rebuilt when it
-changes) and runs it. The kernel moves the socket off fd 0 (the user's code gets
-/dev/null as stdin), says `{"kind": "ready"}` and serves one cell at a time: a JSON
-line in (`code`, `run_id`, `nonce`, `autosave`, `output_limit`), JSON lines out.
-During a cell, fds 1 and 2 are pipes the kernel drains itself (capped), so output
-from C code and subprocesses is captured too; what is kept is sent as it arrives,
-as `{"kind": "chunk", "nonce", "stream": "stdout"|"stderr", "text"}` lines, and the
-cell ends with `{"kind": "reply", "nonce", "result", "exception", "exit_code",
-"stdout_truncated", "stderr_truncated"}`. Every line carries the cell's nonce, so
-the daemon drops whatever an earlier cell's leftovers send. The daemon trusts none
-of it (the user's code shares this process): it bounds, checks and caps it all
-itself. SIGINT (the daemon's timeout) interrupts the cell with KeyboardInterrupt
-and the state stays.
+Run by sandboxd inside a session's sandbox as `python -P -c BOOTSTRAP`, with a socket
+to the daemon as stdin. The messages are the typed ones of
+sandboxd/src/isolate/message.rs (names below are its types; their bytes must stay
+what its round-trip tests pin):
+
+  <- kernel_source          kernel.py's length in 10 decimal digits, then kernel.py:
+                            the bootstrap reads exactly that and runs it (the daemon
+                            embeds this file in its binary)
+  -> KernelMessage::Ready   `{"kind": "ready"}`: cells are served from now on
+  <- KernelCell             one JSON line: `code`, `run_id`, `autosave`,
+                            `output_limit`, `nonce`
+  -> KernelMessage::Chunk   `{"kind": "chunk", "nonce", "stream": "stdout"|"stderr",
+                            "text"}`: the cell's output, as it arrives
+  -> KernelMessage::Reply   `{"kind": "reply", "nonce", "result": Rich|null,
+                            "exception": Exception|null, "exit_code": 0..255,
+                            "stdout_truncated", "stderr_truncated"}`: the cell is
+                            over. Rich is `{"text/plain", "text/html"?}` (a final
+                            expression's value), Exception `{"name", "value",
+                            "traceback"}`.
+
+Everything is sent with json.dumps(ensure_ascii=False), one object per line. The
+kernel moves the socket off fd 0 (the user's code gets /dev/null as stdin). During a
+cell, fds 1 and 2 are pipes the kernel drains itself (capped at `output_limit`), so
+output from C code and subprocesses is captured too. Every line carries the cell's
+nonce, so the daemon drops whatever an earlier cell's leftovers send. The daemon
+trusts none of it (the user's code shares this process): it bounds, checks and caps
+it all itself. SIGINT (the daemon's timeout) interrupts the cell with
+KeyboardInterrupt and the state stays.
+
+A cell ends as a run does (sandboxd_outcome, shared with the runner): `sys.exit(x)`
+gives the exit code Python would and the kernel lives on; with `autosave`, the open
+figures are saved as `figure-<run8>-<n>.png` and closed. When the kernel's own
+machinery fails (not the user's code), the cause goes to the cell's stderr as a
+chunk and the kernel exits with 70 (EX_SOFTWARE); the daemon restarts it.
 """
 
 import ast
@@ -25,9 +44,33 @@ import os
 import socket
 import sys
 import threading
+import traceback  # here, not when a failure needs it: no file may be left to open then
 
 FILENAME = "<cell>"
-WORKSPACE = "/mnt/data"
+# The support code shared with the runner, in the rootfs; loaded by its full path:
+# with -P neither /opt/sandboxd nor the working directory (the workspace) is on
+# sys.path, so nothing in the workspace can stand in for it.
+SUPPORT = "/opt/sandboxd/sandboxd_outcome.py"
+# The kernel's own failure (sysexits.h's EX_SOFTWARE); its cause is on stderr.
+KERNEL_FAILED = 70
+_exit = os._exit  # the user's code may replace os._exit; the kernel's own exit stays
+
+
+def _load_support():
+    import importlib.util
+
+    if not os.path.isfile(SUPPORT):
+        raise SystemExit("sandboxd: %s is missing: the rootfs is older than this daemon; rebuild it (rootfs/build.sh)" % SUPPORT)
+    spec = importlib.util.spec_from_file_location("sandboxd_outcome", SUPPORT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+outcome = _load_support()
+WORKSPACE = outcome.WORKSPACE
+FIGURES = outcome.Figures()
 
 
 class Channel:
@@ -93,24 +136,6 @@ class Capture:
         return self.truncated
 
 
-def save_figures(run_id):
-    plt = sys.modules.get("matplotlib.pyplot")
-    if plt is None:
-        return
-    n = 0
-    for num in list(plt.get_fignums()):
-        fig = plt.figure(num)
-        if fig.get_axes() or fig.images or fig.texts or fig.lines or fig.patches:
-            n += 1
-            try:
-                fig.savefig(os.path.join(WORKSPACE, "figure-%s-%d.png" % (run_id[:8], n)))
-            except Exception:
-                import traceback
-
-                traceback.print_exc()
-        plt.close(fig)
-
-
 def rich(value):
     out = {"text/plain": _clip(repr(value))}
     html = getattr(value, "_repr_html_", None)
@@ -133,6 +158,10 @@ def run_cell(namespace, msg, channel):
     limit = int(msg["output_limit"])
     run_id, nonce = msg["run_id"], msg["nonce"]
     out, err = Capture(1, limit, "stdout", channel, nonce), Capture(2, limit, "stderr", channel, nonce)
+    if msg["autosave"]:
+        FIGURES.begin(run_id)
+    else:
+        FIGURES.end()
     result = exception = None
     exit_code = 0
     try:
@@ -150,11 +179,8 @@ def run_cell(namespace, msg, channel):
                 namespace["_"] = value
                 result = rich(value)
     except SystemExit as e:
-        # As a process's exit status would be.
-        exit_code = (e.code & 0xFF) if isinstance(e.code, int) else (0 if e.code is None else 1)
+        exit_code = outcome.exit_status(e.code)
     except BaseException as e:
-        import traceback
-
         tb = e.__traceback__.tb_next if e.__traceback__ is not None and not isinstance(e, SyntaxError) else e.__traceback__
         text = "".join(traceback.format_exception(type(e), e, tb))
         sys.stderr.write(text)
@@ -170,8 +196,8 @@ def run_cell(namespace, msg, channel):
             sys.stderr.flush()
         except Exception:
             pass
-        if msg["autosave"]:
-            save_figures(run_id)
+        FIGURES.save_open(close=True)  # nothing when not autosaving
+        FIGURES.end()
     stdout_truncated = out.finish()
     stderr_truncated = err.finish()
     return {
@@ -202,7 +228,35 @@ def main():
         line = reader.readline()
         if not line:
             return
-        channel.send(run_cell(namespace, json.loads(line), channel))
+        nonce = None
+        # Looked up before the cell runs: what the cell does to the channel applies
+        # from the next cell's reply on.
+        send = channel.send
+        try:
+            msg = json.loads(line)
+            nonce = msg["nonce"]
+            reply = run_cell(namespace, msg, channel)
+        except BaseException:
+            failed(channel, nonce)
+        send(reply)
+
+
+def failed(channel, nonce):
+    """The kernel's own code raised (the user's code ran out of file descriptors,
+    say): send the cause as the cell's stderr, then exit with KERNEL_FAILED."""
+    exc = sys.exc_info()[1]
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException:
+        text = "%s\n" % type(exc).__name__
+    text = "sandboxd: the kernel failed (exit code %d):\n%s" % (KERNEL_FAILED, text)
+    try:
+        if nonce is None:
+            raise ValueError("no cell to report to")
+        channel.send({"kind": "chunk", "nonce": nonce, "stream": "stderr", "text": _clip(text)})
+    except BaseException:
+        outcome.report_failure("sandboxd: the kernel failed (exit code %d)" % KERNEL_FAILED)
+    _exit(KERNEL_FAILED)
 
 
 if __name__ == "__main__":

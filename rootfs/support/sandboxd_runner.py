@@ -1,23 +1,44 @@
-"""Runs one cell of user code inside a sandbox (script mode).
+"""Runs one run of user code inside a sandbox: a script run, or a pooled run.
 
-Started by sandboxd as `/opt/py/bin/python /opt/sandboxd/runner.py RUN_ID AUTOSAVE`
-(runner.py only imports this module and calls main()).
-The code arrives on stdin; stdin is then pointed at /dev/null so the user's code
-sees an empty stdin.
+Script mode. Started by sandboxd as `/opt/py/bin/python /opt/sandboxd/runner.py
+RUN_ID AUTOSAVE` (runner.py only imports this module and calls main()). The code
+arrives on stdin; stdin is then pointed at /dev/null so the user's code sees an
+empty stdin. The process's exit status is the run's exit code.
 
-In a pooled sandbox it is started ahead of its runs as `runner.py --template
-MODULES`, with a socket to the daemon as stdin: it imports MODULES (comma-separated),
-says `{"ready": {"failed": [...]}}`, and then forks once per run (see template());
-the fork says `{"entered": true}`, waits for `{"code", "run_id", "autosave"}` (the
-workspace is mounted by then), runs the code once, and claims `{"exit_code": N}`
-after closing its output, then waits until the daemon hangs up (or kills it). The
-user's code shares that socket, so the daemon trusts none of it beyond what the
-run could choose itself; how the run really ended is reported by the fork's outer
-process on a channel of its own (see sandboxd's pool.rs and
-isolate/template.rs). This prologue/epilogue prints nothing of its own, keeps the
-user's line numbers in tracebacks and the user's exit code, and, when AUTOSAVE is
-"1", saves every open, non-empty matplotlib figure exactly once: at plt.show(), at
-exit, or when sandboxd asks the run to stop (SIGTERM at the timeout).
+Pooled mode. A template is started ahead of its runs as `runner.py --template
+MODULES`, with a socket to the daemon as stdin. The messages are the typed ones of
+sandboxd/src/isolate/message.rs (JSON, one per line or datagram; names below are
+its types), and their bytes must stay what its round-trip tests pin:
+
+  template socket (this process's stdin):
+    -> TemplateMessage::Ready   `{"ready": {"failed": [MODULE, ...]}}` once MODULES
+                                (comma-separated) are imported, those in `failed` not
+    <- ForkRequest              `{"spec": ChildSpec}` with ForkFds (SCM_RIGHTS, in
+                                order: library, stdout, stderr, socket, report): fork
+                                once; the fork hands `spec` to `sandboxd_enter`
+    -> TemplateMessage::Reaped  `{"reaped": PID}`: that fork is gone
+  a run's socket (ForkFds.socket, in the fork):
+    -> ForkMessage::Entered     `{"entered": true}`: in its own sandbox, no code yet
+    <- RunCode                  `{"code", "run_id", "autosave"}` (the workspace is
+                                mounted by then): runs the code once
+    -> RunClaim::ExitCode       `{"exit_code": N}` (0..255), after closing its
+                                output; then waits until the daemon hangs up (or
+                                kills it)
+  a run's report (ForkFds.report): Report, written by the fork's outer process
+  (libsandboxd), never by Python.
+
+The user's code shares the run's socket, so the daemon trusts none of it beyond what
+the run could choose itself; how the run really ended is the Report (see sandboxd's
+pool.rs and isolate/template.rs).
+
+In both modes this prologue/epilogue prints nothing of its own, keeps the user's
+line numbers in tracebacks and the exit code Python would give (`sys.exit(x)`:
+sandboxd_outcome.exit_status) and, when AUTOSAVE is "1", saves every open, non-empty
+matplotlib figure exactly once (sandboxd_outcome.Figures): at plt.show(), at exit,
+or when sandboxd asks the run to stop (SIGTERM at the timeout).
+
+Exit code 70 (EX_SOFTWARE) means the runner itself failed, not the user's code: the
+cause is printed on the run's stderr first, after `sandboxd: the runner failed`.
 """
 
 import builtins
@@ -25,105 +46,39 @@ import os
 import _signal as signal  # the C module: `signal` imports enum, ~8 ms of startup
 import sys
 
+# Beside this file in /opt/sandboxd, which is sys.path[0] (the script's directory),
+# imported before the workspace is put on sys.path.
+from sandboxd_outcome import WORKSPACE, Figures, exit_status, report_failure
+
 FILENAME = "<code>"
-WORKSPACE = "/mnt/data"
-
-
-class _Figures:
-    """Saves open figures once each, named uniquely for this run."""
-
-    def __init__(self, run_id):
-        self.prefix = "figure-%s-" % run_id[:8]
-        self.count = 0
-        self.saving = False
-
-    def _save(self, fig):
-        self.count += 1
-        path = os.path.join(WORKSPACE, "%s%d.png" % (self.prefix, self.count))
-        self.saving = True
-        try:
-            fig.savefig(path)
-        finally:
-            self.saving = False
-        fig._sandboxd_saved = True
-
-    def save_open(self, close):
-        plt = sys.modules.get("matplotlib.pyplot")
-        if plt is None:
-            return
-        for num in list(plt.get_fignums()):
-            fig = plt.figure(num)
-            if not getattr(fig, "_sandboxd_saved", False) and _has_content(fig):
-                try:
-                    self._save(fig)
-                except Exception:  # a broken figure must not hide the user's result
-                    import traceback
-
-                    traceback.print_exc()
-            if close:
-                plt.close(fig)
-
-    def patch(self, pyplot):
-        """Make plt.show() save instead of block, and remember explicit savefig calls."""
-        figures = self
-        figure_cls = sys.modules["matplotlib.figure"].Figure
-        original_savefig = figure_cls.savefig
-
-        def savefig(fig, *args, **kwargs):
-            result = original_savefig(fig, *args, **kwargs)
-            if not figures.saving:
-                fig._sandboxd_saved = True
-            return result
-
-        def show(*args, **kwargs):
-            figures.save_open(close=True)
-
-        figure_cls.savefig = savefig
-        pyplot.show = show
-
-
-def _has_content(fig):
-    return bool(fig.get_axes() or fig.images or fig.texts or fig.lines or fig.patches)
-
-
-class _PyplotHook:
-    """Patches matplotlib.pyplot right after the user's code imports it."""
-
-    def __init__(self, figures):
-        self.figures = figures
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != "matplotlib.pyplot":
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
-
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original_exec = loader.exec_module
-        figures = self.figures
-
-        def exec_module(module):
-            original_exec(module)
-            figures.patch(module)
-
-        loader.exec_module = exec_module
-        return spec
+# The runner's own failure (sysexits.h's EX_SOFTWARE); its cause is on stderr.
+RUNNER_FAILED = 70
+# Bound before the user's code runs, which may replace os._exit (to keep a library
+# from exiting, say): the runner's own exits stay the runner's.
+_exit = os._exit
 
 
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--template":
         template(sys.argv[2])
         return
-    run_id = sys.argv[1] if len(sys.argv) > 1 else "run"
-    autosave = len(sys.argv) > 2 and sys.argv[2] == "1"
-    code = sys.stdin.buffer.read()
-    _stdin_from_devnull()
-    namespace = {}
-    exit_code = run(code.decode("utf-8", errors="replace"), run_id, autosave, namespace)
-    _finish(exit_code, namespace)
+    try:
+        run_id = sys.argv[1] if len(sys.argv) > 1 else "run"
+        autosave = len(sys.argv) > 2 and sys.argv[2] == "1"
+        code = sys.stdin.buffer.read()
+        _stdin_from_devnull()
+        namespace = {}
+        exit_code = run(code.decode("utf-8", errors="replace"), run_id, autosave, namespace)
+        _finish(exit_code, namespace)
+    except BaseException:
+        _runner_failed()
+
+
+def _runner_failed():
+    """The runner's own code raised (never the user's code: run() catches that):
+    say why on stderr, and exit with RUNNER_FAILED."""
+    report_failure("sandboxd: the runner failed (exit code %d)" % RUNNER_FAILED)
+    _exit(RUNNER_FAILED)
 
 
 def _stdin_from_devnull():
@@ -221,12 +176,14 @@ def _forked(enter, spec, template_sock, fds):
         os.chdir(WORKSPACE)  # the workspace is mounted over the directory we started in
         namespace = {}
         exit_code = run(msg["code"], msg["run_id"], bool(msg["autosave"]), namespace)
+        # RunClaim::ExitCode, made before the user's code could break `json`.
+        claim = b'{"exit_code": %d}\n' % exit_code
 
         def report():
             os.close(1)
             os.close(2)
             try:
-                sock.sendall(json.dumps({"exit_code": exit_code}).encode() + b"\n")
+                sock.sendall(claim)
                 # The daemon answers, then kills this sandbox: its teardown (unmapping a
                 # copy of the template's memory) waits until then, behind the answer.
                 # If it hangs up instead (it did not take the claim), exit: the outer
@@ -238,7 +195,7 @@ def _forked(enter, spec, template_sock, fds):
 
         _finish(exit_code, namespace, report)
     except BaseException:
-        os._exit(70)
+        _runner_failed()
 
 
 def _finish(exit_code, namespace, before_exit=None):
@@ -246,26 +203,35 @@ def _finish(exit_code, namespace, before_exit=None):
     module (~2 ms of a cold `print(1)`, far more with pandas loaded): wait for the
     user's non-daemon threads, run the atexit handlers, release the user's globals
     (so a file left open is flushed and closed by its finaliser), flush the standard
-    streams, then leave with the user's exit code."""
-    try:
-        threading = sys.modules.get("threading")
-        if threading is not None:
+    streams, then leave with the user's exit code. As the interpreter does, an
+    exception on the way (a signal handler of the user's raising while its threads
+    are waited for) is printed and the exit goes on."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
             threading._shutdown()
+        except BaseException:
+            report_failure("Exception ignored on threading shutdown")
+    try:
         import atexit
 
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # prints what a handler raises itself
+    except BaseException:
+        report_failure("Exception ignored in atexit callbacks")
+    try:
         for name in reversed(list(namespace)):
             if name != "__builtins__":  # finalisers may still need it
                 del namespace[name]
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        if before_exit is not None:
-            before_exit()
-        os._exit(exit_code)
+    except BaseException:
+        report_failure("Exception ignored while releasing the run's globals")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    if before_exit is not None:
+        before_exit()
+    _exit(exit_code)
 
 
 def _warm_up():
@@ -292,18 +258,17 @@ def _warm_up():
 
 def run(source, run_id, autosave, globals_):
     """Run the user's code as __main__ in `globals_` (empty); return its exit code."""
-    figures = _Figures(run_id) if autosave else None
+    figures = Figures() if autosave else None
     if figures is not None:
-        pyplot = sys.modules.get("matplotlib.pyplot")
-        if pyplot is not None:  # preloaded
-            figures.patch(pyplot)
-        else:
-            sys.meta_path.insert(0, _PyplotHook(figures))
+        figures.begin(run_id)
 
         def on_term(signum, frame):
             figures.save_open(close=False)
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:
+                    pass
             # Die of the signal itself, so the run reports how it really ended.
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -318,28 +283,24 @@ def run(source, run_id, autosave, globals_):
         compiled = compile(source, FILENAME, "exec", dont_inherit=True)
         exec(compiled, globals_)
     except SystemExit as e:
-        exit_code = _exit_code(e.code)
+        exit_code = exit_status(e.code)
     except BaseException as e:  # the user's error: print it as Python would
-        # Imported only now: most runs never need them, and they cost startup time.
-        import linecache
-        import traceback
-
-        linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
-        tb = e.__traceback__
-        if not isinstance(e, SyntaxError) and tb is not None:
-            tb = tb.tb_next  # drop this runner's frame
-        traceback.print_exception(type(e), e, tb)
         exit_code = 1
+        try:
+            # Imported only now: most runs never need them, and they cost startup time.
+            import linecache
+            import traceback
+
+            linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
+            tb = e.__traceback__
+            if not isinstance(e, SyntaxError) and tb is not None:
+                tb = tb.tb_next  # drop this runner's frame
+            traceback.print_exception(type(e), e, tb)
+        except BaseException:
+            # No traceback module (the user's code used up its file descriptors,
+            # say): the error's own line at least.
+            report_failure("sandboxd: the run's %s could not be printed in full" % type(e).__name__)
     if figures is not None:
         figures.save_open(close=False)
     return exit_code
-
-
-def _exit_code(code):
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
 
