@@ -42,7 +42,7 @@ install -D -m 0644 systemd/sandboxd.tmpfiles "$stage/usr/lib/tmpfiles.d/sandboxd
 install -d "$stage/usr/share/sandboxd/rootfs/support"
 install -m 0755 rootfs/build.sh "$stage/usr/share/sandboxd/rootfs/build.sh"
 install -m 0644 rootfs/packages.txt rootfs/requirements.lock "$stage/usr/share/sandboxd/rootfs/"
-install -m 0644 rootfs/support/runner.py rootfs/support/sandboxd_runner.py rootfs/support/sitecustomize.py \
+install -m 0644 rootfs/support/runner.py rootfs/support/sandboxd_runner.py rootfs/support/sandboxd_outcome.py rootfs/support/sitecustomize.py \
   "$stage/usr/share/sandboxd/rootfs/support/"
 install -D -m 0644 README.md "$stage/usr/share/doc/sandboxd/README.md"
 
