@@ -14,6 +14,8 @@ pub mod openapi;
 pub mod runs;
 pub mod sessions;
 pub mod surface;
+#[cfg(test)]
+mod tests;
 
 use crate::service::Operations;
 use axum::extract::{Request, State};
