@@ -28,6 +28,9 @@ use tokio::sync::{mpsc, oneshot};
 
 const TOKEN: &str = "secret-token";
 
+/// Each file's bytes, by session key and path.
+type Files = Arc<Mutex<BTreeMap<(String, String), Vec<u8>>>>;
+
 /// Sessions and files in memory. Session ids go through the real
 /// [`session::key`] (the same rules as the daemon's session manager); `fail`
 /// makes the next operation fail with that error; `calls` counts the operations
@@ -35,7 +38,7 @@ const TOKEN: &str = "secret-token";
 #[derive(Default)]
 struct Memory {
     sessions: Mutex<BTreeMap<String, SessionInfo>>,
-    files: Arc<Mutex<BTreeMap<(String, String), Vec<u8>>>>,
+    files: Files,
     fail: Mutex<Option<service::Error>>,
     calls: Mutex<usize>,
     owners: Mutex<Vec<Option<String>>>,
@@ -99,7 +102,7 @@ impl Memory {
 }
 
 struct MemoryUpload {
-    files: Arc<Mutex<BTreeMap<(String, String), Vec<u8>>>>,
+    files: Files,
     key: (String, String),
     id: String,
     bytes: Vec<u8>,
