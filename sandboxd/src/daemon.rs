@@ -126,10 +126,9 @@ async fn serve(config: Config) -> Result<(), Error> {
         rootfs: rootfs.path.clone(),
         public_url: config.public_url.clone(),
     };
+    let service = crate::service::Service::new(sessions.clone(), ctx);
     let state = Arc::new(AppState {
-        service: crate::service::Service::new(sessions.clone(), ctx.clone()),
-        sessions,
-        ctx,
+        service: Arc::new(service.clone()),
         token_hashes: config.tokens.iter().map(|t| api::token_hash(t)).collect(),
         version: env!("CARGO_PKG_VERSION"),
         rootfs_sha256: rootfs.sha256.clone(),
@@ -161,37 +160,37 @@ async fn serve(config: Config) -> Result<(), Error> {
         serve_until_stopped(&mut servers, tcp, "http", app, limits, stop_rx.clone());
     }
 
-    let reaper_state = state.clone();
+    let reaper = sessions.clone();
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            reaper_state.sessions.reap_expired().await;
+            reaper.reap_expired().await;
         }
     });
 
     notify_systemd("READY=1");
     wait_for_signal().await;
-    tracing::info!(grace_s = config.shutdown_grace_s, running = state.sessions.busy_count(), "shutting down");
+    tracing::info!(grace_s = config.shutdown_grace_s, running = sessions.busy_count(), "shutting down");
     notify_systemd("STOPPING=1");
     // Drain: new requests are answered 503 `unavailable` with `Retry-After` (the
     // listeners keep accepting), runs in flight get the grace period to finish.
-    state.service.drain();
+    service.drain();
     state.shutdown.cancel();
-    let killer_state = state.clone();
+    let killer = sessions.clone();
     let grace = Duration::from_secs(config.shutdown_grace_s);
     tokio::spawn(async move {
         tokio::time::sleep(grace).await;
-        if killer_state.sessions.busy_count() > 0 {
+        if killer.busy_count() > 0 {
             tracing::warn!("grace period over: killing the runs still going");
-            killer_state.sessions.cancel_all();
+            killer.cancel_all();
         }
     });
     // Wait for the runs (killed after the grace period), but not past the kill's
     // own time: what is still busy then is torn down with everything else below.
     let hard_stop = tokio::time::Instant::now() + grace + Duration::from_secs(30);
-    while state.sessions.busy_count() > 0 {
+    while sessions.busy_count() > 0 {
         if tokio::time::Instant::now() >= hard_stop {
-            tracing::error!(busy = state.sessions.busy_count(), "runs did not end after the kill: stopping anyway");
+            tracing::error!(busy = sessions.busy_count(), "runs did not end after the kill: stopping anyway");
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -199,7 +198,7 @@ async fn serve(config: Config) -> Result<(), Error> {
     // The drain is over: stop accepting, let the answers in progress go out.
     let _ = stop_tx.send(true);
     while servers.join_next().await.is_some() {}
-    state.sessions.stop_kernels().await;
+    sessions.stop_kernels().await;
     pool.shutdown().await;
     sandboxes.shutdown().await;
     match sandboxes.cgroups.remove_all() {
@@ -207,7 +206,7 @@ async fn serve(config: Config) -> Result<(), Error> {
         Ok(left) => tracing::warn!(left, "run cgroups were still there at the end: killed and removed"),
         Err(e) => tracing::warn!(error = %e, "could not remove the instance's cgroup directories"),
     }
-    state.sessions.unmount_all().await;
+    sessions.unmount_all().await;
     rootfs.unmount();
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");

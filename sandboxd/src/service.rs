@@ -13,6 +13,7 @@ use crate::policy::Policy;
 use crate::run::{self, Context, RunRequest, RunResult};
 use crate::session::{self, Lease, Manager, Mode, SessionInfo};
 use crate::workspace::{self, Workspace};
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -154,6 +155,116 @@ pub struct OpenFile {
     pub name: std::ffi::OsString,
 }
 
+/// Where a started run's result arrives.
+pub type RunDone = oneshot::Receiver<Result<RunResult, Error>>;
+
+/// What `GET /v1/health` reports from below the API.
+#[derive(Debug, Clone, Default)]
+pub struct Condition {
+    /// What is degraded now (empty: nothing), see [`crate::health`].
+    pub problems: Vec<crate::health::Problem>,
+    /// The cgroup setup, described.
+    pub cgroup: String,
+    pub sessions: usize,
+    pub busy_sessions: usize,
+    pub pool: crate::pool::Stats,
+}
+
+/// What the API (its handlers, and the MCP tools in the daemon) needs from below:
+/// the daemon's operations, as one object-safe trait, held as `Arc<dyn Operations>`
+/// in [`crate::api::AppState`]. [`Service`] is the real one (sessions, sandboxes,
+/// the pool); the router's unit tests put a small in-memory one in its place, so
+/// the router is tested without root or a kernel. Async operations return a boxed
+/// future (a trait object cannot have `async fn`s); handlers just `.await` them.
+pub trait Operations: Send + Sync + 'static {
+    /// A policy by name (`None`: the default one).
+    fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, Error>;
+    fn policies(&self) -> Vec<Policy>;
+    /// The largest code any policy allows, in bytes.
+    fn max_code_bytes(&self) -> Option<usize>;
+    fn create_session<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: CreateSession,
+    ) -> BoxFuture<'a, Result<SessionInfo, Error>>;
+    fn get_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, Error>;
+    fn list_sessions(&self, caller: &Caller) -> Vec<SessionInfo>;
+    /// Close a session: kill its run, if any, and remove its files.
+    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Done, Error>>;
+    /// Stop the run in flight in a session (it ends with status `killed`).
+    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, Error>;
+    /// Start `req` in its session or a new one; output goes to `chunks` as it
+    /// comes, the result to the returned receiver (see [`Service::start_run`]).
+    fn start_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: RunRequest,
+        chunks: Option<mpsc::Sender<Chunk>>,
+    ) -> BoxFuture<'a, Result<RunDone, Error>>;
+    /// The workspace's files, sorted by path, and whether that is their first part only.
+    fn listing<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Listing, Error>>;
+    /// Open a workspace file to stream it.
+    fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error>;
+    /// Start writing a workspace file, within the policy's upload limit.
+    fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool)
+        -> Result<Box<dyn FileUpload>, Error>;
+    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error>;
+    /// What is degraded now, and the counters `GET /v1/health` shows.
+    fn condition(&self) -> BoxFuture<'_, Condition>;
+
+    /// [`Operations::start_run`], waiting for the result.
+    fn run<'a>(&'a self, caller: &'a Caller, req: RunRequest) -> BoxFuture<'a, Result<RunResult, Error>> {
+        Box::pin(async move {
+            let done = self.start_run(caller, req, None).await?;
+            done.await.map_err(|e| Error::internal("waiting for the run", e))?
+        })
+    }
+
+    /// Every file in the session's workspace, recursively.
+    fn list_files<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Vec<FileEntry>, Error>> {
+        Box::pin(async move { Ok(self.listing(caller, id).await?.files) })
+    }
+
+    /// A workspace file's bytes, at most `limit` of them: a larger file is
+    /// [`Error::FileTooLarge`], found without reading more than `limit + 1` bytes.
+    fn read_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
+        Box::pin(async move {
+            let opened = self.open_file(caller, id, path)?;
+            let too_large = || Error::FileTooLarge { path: path.to_string(), limit };
+            if opened.size > limit {
+                return Err(too_large());
+            }
+            let bytes = tokio::task::spawn_blocking(move || {
+                let mut bytes = vec![];
+                opened.file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map(|_| bytes)
+            })
+            .await
+            .map_err(|e| Error::internal("reading a file", e))?
+            .map_err(|e| Error::from(workspace::Error::Io(path.to_string(), e)))?;
+            if bytes.len() as u64 > limit {
+                return Err(too_large());
+            }
+            Ok(bytes)
+        })
+    }
+}
+
+/// A workspace file being written ([`Operations::create_file`]). Call
+/// [`FileUpload::finish`] when all is written, or [`FileUpload::abort`] to leave nothing.
+pub trait FileUpload: Send {
+    fn write(&mut self, chunk: &[u8]) -> Result<(), Error>;
+    /// Flush the file and describe it; on failure nothing half-written is kept.
+    fn finish(self: Box<Self>) -> Result<FileEntry, Error>;
+    /// Remove what was written.
+    fn abort(self: Box<Self>);
+}
+
 /// The daemon's operations over its sessions, runs and files. Cheap to clone.
 #[derive(Clone)]
 pub struct Service {
@@ -221,7 +332,7 @@ impl Service {
         caller: &Caller,
         req: RunRequest,
         chunks: Option<mpsc::Sender<Chunk>>,
-    ) -> Result<oneshot::Receiver<Result<RunResult, Error>>, Error> {
+    ) -> Result<RunDone, Error> {
         let owner = caller.owner();
         let lease = match &req.session_id {
             Some(id) => {
@@ -257,12 +368,6 @@ impl Service {
         Ok(done_rx)
     }
 
-    /// [`Service::start_run`], waiting for the result.
-    pub async fn run(&self, caller: &Caller, req: RunRequest) -> Result<RunResult, Error> {
-        let done = self.start_run(caller, req, None).await?;
-        done.await.map_err(|e| Error::internal("waiting for the run", e))?
-    }
-
     /// The session's workspace, opened for one file operation while the session
     /// is ready; the [`session::Use`] holds its teardown off until dropped.
     fn open_workspace(&self, caller: &Caller, id: &str) -> Result<(Workspace, SessionInfo, session::Use), Error> {
@@ -273,11 +378,6 @@ impl Service {
 
     fn file_url(&self, id: &str, rel: &Path) -> String {
         format!("{}/v1/sessions/{id}/files/{}", self.ctx.public_url, artifacts::url_path(rel))
-    }
-
-    /// Every file in the session's workspace, recursively.
-    pub async fn list_files(&self, caller: &Caller, id: &str) -> Result<Vec<FileEntry>, Error> {
-        Ok(self.listing(caller, id).await?.files)
     }
 
     /// The workspace's files, sorted by path, and whether that is only their first
@@ -314,27 +414,6 @@ impl Service {
         Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name })
     }
 
-    /// A workspace file's bytes, at most `limit` of them: a larger file is
-    /// [`Error::FileTooLarge`], found without reading more than `limit + 1` bytes.
-    pub async fn read_file(&self, caller: &Caller, id: &str, path: &str, limit: u64) -> Result<Vec<u8>, Error> {
-        let opened = self.open_file(caller, id, path)?;
-        let too_large = || Error::FileTooLarge { path: path.to_string(), limit };
-        if opened.size > limit {
-            return Err(too_large());
-        }
-        let bytes = tokio::task::spawn_blocking(move || {
-            let mut bytes = vec![];
-            opened.file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map(|_| bytes)
-        })
-        .await
-        .map_err(|e| Error::internal("reading a file", e))?
-        .map_err(|e| Error::from(workspace::Error::Io(path.to_string(), e)))?;
-        if bytes.len() as u64 > limit {
-            return Err(too_large());
-        }
-        Ok(bytes)
-    }
-
     /// Start writing a workspace file; feed it with [`Upload::write`].
     pub fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool) -> Result<Upload, Error> {
         let rel = workspace::validate(path)?;
@@ -354,6 +433,100 @@ impl Service {
     }
 }
 
+impl Service {
+    /// What `GET /v1/health` reports: the problems [`crate::health`] finds now, and counters.
+    pub async fn condition(&self) -> Condition {
+        let ctx = &self.ctx;
+        let facts = crate::health::Facts::gather(
+            &ctx.rootfs,
+            &ctx.sandboxes.cgroups,
+            ctx.pool.start_errors(),
+            crate::check::now().await,
+        );
+        Condition {
+            problems: facts.problems(),
+            cgroup: ctx.sandboxes.cgroups.describe(),
+            sessions: self.sessions.count(),
+            busy_sessions: self.sessions.busy_count(),
+            pool: ctx.pool.stats(),
+        }
+    }
+}
+
+/// The real operations: each is the [`Service`] method of the same name.
+impl Operations for Service {
+    fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, Error> {
+        Service::policy(self, name)
+    }
+
+    fn policies(&self) -> Vec<Policy> {
+        Service::policies(self)
+    }
+
+    fn max_code_bytes(&self) -> Option<usize> {
+        Service::max_code_bytes(self)
+    }
+
+    fn create_session<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: CreateSession,
+    ) -> BoxFuture<'a, Result<SessionInfo, Error>> {
+        Box::pin(Service::create_session(self, caller, req))
+    }
+
+    fn get_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, Error> {
+        Service::get_session(self, caller, id)
+    }
+
+    fn list_sessions(&self, caller: &Caller) -> Vec<SessionInfo> {
+        Service::list_sessions(self, caller)
+    }
+
+    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Done, Error>> {
+        Box::pin(Service::close_session(self, caller, id))
+    }
+
+    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, Error> {
+        Service::cancel_run(self, caller, id)
+    }
+
+    fn start_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: RunRequest,
+        chunks: Option<mpsc::Sender<Chunk>>,
+    ) -> BoxFuture<'a, Result<RunDone, Error>> {
+        Box::pin(Service::start_run(self, caller, req, chunks))
+    }
+
+    fn listing<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Listing, Error>> {
+        Box::pin(Service::listing(self, caller, id))
+    }
+
+    fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
+        Service::open_file(self, caller, id, path)
+    }
+
+    fn create_file(
+        &self,
+        caller: &Caller,
+        id: &str,
+        path: &str,
+        overwrite: bool,
+    ) -> Result<Box<dyn FileUpload>, Error> {
+        Ok(Box::new(Service::create_file(self, caller, id, path, overwrite)?))
+    }
+
+    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error> {
+        Service::delete_file(self, caller, id, path)
+    }
+
+    fn condition(&self) -> BoxFuture<'_, Condition> {
+        Box::pin(Service::condition(self))
+    }
+}
+
 /// A run in an existing session keeps the session's policy.
 fn check_policy(req: &RunRequest, lease: &Lease) -> Result<(), Error> {
     match &req.policy {
@@ -365,8 +538,8 @@ fn check_policy(req: &RunRequest, lease: &Lease) -> Result<(), Error> {
     }
 }
 
-/// A workspace file being written, within the policy's upload limit. Call
-/// [`Upload::finish`] when all is written, or [`Upload::abort`] to leave nothing.
+/// A workspace file being written, within the policy's upload limit (the real
+/// [`FileUpload`]).
 pub struct Upload {
     ws: Workspace,
     rel: PathBuf,
@@ -378,8 +551,8 @@ pub struct Upload {
     hold: session::Use,
 }
 
-impl Upload {
-    pub fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
+impl FileUpload for Upload {
+    fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
         self.hold.check()?;
         self.written += chunk.len() as u64;
         if self.written > self.limit {
@@ -388,8 +561,7 @@ impl Upload {
         self.writer.write_all(chunk).map_err(|e| Error::from(workspace::Error::Io(self.rel.display().to_string(), e)))
     }
 
-    /// Flush the file and describe it; on failure nothing half-written is kept.
-    pub fn finish(mut self) -> Result<FileEntry, Error> {
+    fn finish(mut self: Box<Self>) -> Result<FileEntry, Error> {
         let flushed =
             self.writer.flush().map_err(|e| Error::from(workspace::Error::Io(self.rel.display().to_string(), e)));
         if let Err(err) = flushed.and_then(|()| Ok(self.hold.check()?)) {
@@ -405,9 +577,8 @@ impl Upload {
         })
     }
 
-    /// Remove what was written.
-    pub fn abort(self) {
-        let Upload { ws, rel, writer, .. } = self;
+    fn abort(self: Box<Self>) {
+        let Upload { ws, rel, writer, .. } = *self;
         drop(writer);
         let _ = ws.remove(&rel);
     }

@@ -15,7 +15,7 @@
 use super::error::ApiError;
 use crate::client::{Client, ClientError};
 use crate::run::{ArtifactKind, Language, RunRequest, RunResult, Status};
-use crate::service::{self, Caller, CreateSession as CreateSessionRequest, Done, FileEntry, PolicyLimits, Service};
+use crate::service::{self, Caller, CreateSession as CreateSessionRequest, Done, FileEntry, Operations, PolicyLimits};
 use crate::session::{self, Mode, SessionInfo};
 use base64::Engine;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
@@ -23,6 +23,7 @@ use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam, Serve
 use rmcp::service::RequestContext;
 use rmcp::{schemars, tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use serde::Deserialize;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Most images returned with one run, and their size after downscaling.
@@ -48,7 +49,7 @@ const MAX_DECODE_ALLOC: u64 = 256 * 1024 * 1024;
 #[derive(Clone)]
 pub enum Backend {
     /// In the daemon: the service itself, as each request's caller.
-    Local(Service),
+    Local(Arc<dyn Operations>),
     /// In `sandboxctl mcp`: the daemon's API, with the client's token.
     Remote(Client),
 }

@@ -14,9 +14,10 @@ pub mod openapi;
 pub mod runs;
 pub mod sessions;
 pub mod surface;
+#[cfg(test)]
+mod tests;
 
-use crate::run::Context;
-use crate::session::Manager;
+use crate::service::Operations;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -35,11 +36,13 @@ pub enum Listener {
     Unix,
 }
 
+/// What the router holds. Everything below the API is behind `service`, a trait
+/// object: the handlers read the same with the real [`crate::service::Service`]
+/// or the in-memory one of the router's unit tests, and the router is one type
+/// (no generic parameter through every handler and OpenAPI path).
 pub struct AppState {
     /// The operations every handler and MCP tool calls.
-    pub service: crate::service::Service,
-    pub sessions: Arc<Manager>,
-    pub ctx: Context,
+    pub service: Arc<dyn Operations>,
     /// sha256 of each configured token, hex.
     pub token_hashes: Vec<String>,
     pub version: &'static str,
@@ -167,25 +170,18 @@ pub struct Health {
 
 #[utoipa::path(get, path = "/v1/health", operation_id = "health", tag = "daemon", responses((status = 200, body = Health, description = "`status` is `ok`, or `degraded` with `problems` naming each thing that is wrong now (the rootfs not mounted, the run cgroup directories gone, a policy's pooled sandboxes failing to start, a host check item failing) and what to do")))]
 pub async fn health(State(state): State<Shared>) -> Json<Health> {
-    let ctx = &state.ctx;
-    let facts = crate::health::Facts::gather(
-        &ctx.rootfs,
-        &ctx.sandboxes.cgroups,
-        ctx.pool.start_errors(),
-        crate::check::now().await,
-    );
-    let problems = facts.problems();
+    let now = state.service.condition().await;
     Json(Health {
         // Stopping: the listeners answer only this route until the runs end.
-        status: if state.shutdown.is_cancelled() { "draining" } else { crate::health::status(&problems) },
-        problems,
+        status: if state.shutdown.is_cancelled() { "draining" } else { crate::health::status(&now.problems) },
+        problems: now.problems,
         version: state.version,
         rootfs_sha256: state.rootfs_sha256.clone(),
-        cgroup: state.ctx.sandboxes.cgroups.describe(),
+        cgroup: now.cgroup,
         landlock_abi: state.landlock_abi,
-        sessions: state.sessions.count(),
-        busy_sessions: state.sessions.busy_count(),
-        pool: state.ctx.pool.stats(),
+        sessions: now.sessions,
+        busy_sessions: now.busy_sessions,
+        pool: now.pool,
     })
 }
 

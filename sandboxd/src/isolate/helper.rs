@@ -113,11 +113,8 @@ fn supervise(
 
     // Our copies of the output pipes must not keep them open: only the sandbox's.
     let devnull = File::options().write(true).open("/dev/null").map_err(Failure::at("open /dev/null"))?;
-    for fd in [1, 2] {
-        use std::os::fd::AsRawFd;
-        // SAFETY: replaces our stdout/stderr with /dev/null; both are ours.
-        unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
-    }
+    let _ = nix::unistd::dup2_stdout(&devnull);
+    let _ = nix::unistd::dup2_stderr(&devnull);
     if let Some(ns) = sandbox_ns {
         serve_attaches(spec, &ns, requests, &report, control).map_err(ends)?;
     }

@@ -22,7 +22,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 pub(super) fn failure_line(f: &Failure) -> String {
     f.line().encode()
@@ -173,10 +173,9 @@ pub(super) fn lock_down_and_fork(
 /// the run's output pipes.
 pub(super) fn devnull_stdio() {
     if let Ok(devnull) = File::options().read(true).write(true).open("/dev/null") {
-        for fd in [0, 1, 2] {
-            // SAFETY: replaces our own stdio with /dev/null.
-            unsafe { libc::dup2(devnull.as_raw_fd(), fd) };
-        }
+        let _ = nix::unistd::dup2_stdin(&devnull);
+        let _ = nix::unistd::dup2_stdout(&devnull);
+        let _ = nix::unistd::dup2_stderr(&devnull);
     }
 }
 
@@ -279,11 +278,8 @@ fn setup_stdin(data: Option<&str>) -> Result<(), Failure> {
 }
 
 fn dup_stdin(fd: &OwnedFd) -> Result<(), Failure> {
-    // SAFETY: dup2 onto fd 0; the new fd 0 has no close-on-exec flag.
-    if unsafe { libc::dup2(fd.as_raw_fd(), 0) } < 0 {
-        return Err(Failure::at("dup2 stdin")(nix::Error::last()));
-    }
-    Ok(())
+    // The new fd 0 has no close-on-exec flag.
+    nix::unistd::dup2_stdin(fd).map_err(Failure::at("dup2 stdin"))
 }
 
 fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, Failure> {

@@ -5,23 +5,13 @@ use std::os::fd::OwnedFd;
 
 /// A pidfd for `pid`.
 pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the fd was just returned to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
+    let pid = rustix::process::Pid::from_raw(pid).ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
 /// SIGKILL the process behind `pidfd` (nothing happens if it has already ended).
 pub fn pidfd_kill(pidfd: &OwnedFd) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: pidfd_send_signal reads only its integer arguments (no siginfo).
-    unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<u8>(), 0);
-    }
+    let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
 }
 
 pub fn signal(pid: i32, sig: nix::sys::signal::Signal) {

@@ -13,7 +13,7 @@ use super::channel;
 use super::helper;
 use super::message::{Failure, HelperFds, Prepare, SlotReply, RUN_BYTE};
 use nix::sys::signal::{signal, SigHandler, Signal};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 /// The hidden first argument that turns the `sandboxd` binary into a slot.
@@ -38,12 +38,10 @@ fn slot_main() -> Result<(), Failure> {
     // SAFETY: the daemon starts the slot with its SOCK_SEQPACKET socket as fd 0 and
     // nothing else owns fd 0 in this fresh process.
     let stdin = unsafe { OwnedFd::from_raw_fd(0) };
-    let sock = nix::fcntl::fcntl(&stdin, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(Failure::at("dup"))?;
-    // SAFETY: F_DUPFD_CLOEXEC returned a new fd that nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let sock = rustix::io::fcntl_dupfd_cloexec(&stdin, 3).map_err(Failure::at("dup"))?;
     let devnull = std::fs::File::open("/dev/null").map_err(Failure::at("open /dev/null"))?;
-    // SAFETY: replaces fd 0 (owned by `stdin`, forgotten below) with /dev/null.
-    unsafe { libc::dup2(devnull.as_raw_fd(), 0) };
+    // Replaces fd 0 (owned by `stdin`, forgotten below) with /dev/null.
+    let _ = nix::unistd::dup2_stdin(&devnull);
     std::mem::forget(stdin);
 
     let prepare: Prepare = channel::recv_datagram(sock.as_fd(), DATAGRAM).map_err(Failure::at("read prepare"))?;
@@ -109,11 +107,10 @@ fn become_helper(fds: Vec<OwnedFd>) -> ! {
     // SAFETY: restoring the default SIGCHLD disposition installs no handler; the
     // helper must be able to wait for its own child.
     let _ = unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) };
-    for (fd, target) in [(&stdout, 1), (&stderr, 2)] {
-        // SAFETY: dup2 onto our own stdout/stderr.
-        if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
-            std::process::exit(3);
-        }
+    // dup2 onto our own stdout/stderr (nix's wrappers only call dup2: nothing is
+    // allocated in this child of a fork).
+    if nix::unistd::dup2_stdout(&stdout).is_err() || nix::unistd::dup2_stderr(&stderr).is_err() {
+        std::process::exit(3);
     }
     drop(stdout);
     drop(stderr);
