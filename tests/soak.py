@@ -199,7 +199,12 @@ class Soak:
                         moved = self.epoch != epoch or not self.up.is_set()
                     outcome, detail = ("interrupted" if moved else "lost"), str(e)
                 except Wrong as e:
-                    outcome, detail = "wrong", str(e)
+                    # A run still going when SIGTERM's grace ended is killed by the
+                    # drain (the daemon says so): in flight during the fault, allowed.
+                    with self.lock:
+                        moved = self.epoch != epoch or not self.up.is_set()
+                    drained = moved and str(e).startswith("status killed")
+                    outcome, detail = ("interrupted" if drained else "wrong"), str(e)
                 except Exception as e:  # noqa: BLE001 - a bug in the daemon's answer shape
                     outcome, detail = "wrong", f"{type(e).__name__}: {e}"
                 with self.lock:
