@@ -72,6 +72,7 @@ class Soak:
         self.workers = {}  # worker -> {"sid", "kernel", "files": {path: hash}}
         self.faults = []
         self.checks = collections.Counter()
+        self.drain = []  # what new clients got while SIGTERM drained
 
     # --- work ---------------------------------------------------------------
 
@@ -255,6 +256,9 @@ class Soak:
             at = self.finished
         self.up.clear()
         t0 = time.time()
+        if sig == signal.SIGTERM:
+            d.proc.send_signal(sig)
+            self.probe_drain()
         d.stop(sig, timeout=60)
         stopped = time.time() - t0
         with self.lock:
@@ -263,6 +267,24 @@ class Soak:
         self.faults.append((signal.Signals(sig).name, at, round(stopped, 1), round(time.time() - t0, 1)))
         self.check_intact(f"after {signal.Signals(sig).name}")
         self.up.set()
+
+    def probe_drain(self):
+        """While SIGTERM drains the runs in flight, a new client must be answered 503
+        `unavailable` with Retry-After (DESIGN §4), not refused. Each probe is a new
+        connection; the first answer after the signal is the one asserted."""
+        d = self.daemon
+        time.sleep(0.2)  # the daemon has seen the signal
+        while d.proc.poll() is None:
+            try:
+                with d.http(timeout=10) as c:
+                    r = c.post("/v1/runs", json={"code": "print(1)"})
+                if r.status_code == 503 and "retry-after" in r.headers and '"unavailable"' in r.text:
+                    self.drain.append("503")
+                else:
+                    self.drain.append(str(r.status_code))
+            except httpx.TransportError as e:
+                self.drain.append(type(e).__name__)
+            time.sleep(0.05)
 
     def wait_finished(self, count, deadline, threads):
         while self.finished < count and time.time() < deadline and any(t.is_alive() for t in threads):
@@ -302,6 +324,8 @@ class Soak:
         lines.append(f"{'total':<10}" + "".join(f"{self.total(c):>13}" for c in cols))
         for name, at, stopped, back in self.faults:
             lines.append(f"fault {name} after {at} runs: stopped in {stopped} s, healthy again after {back} s")
+        lines.append("new clients while SIGTERM drained: "
+                     + ", ".join(f"{v} {k}" for k, v in collections.Counter(self.drain).items()))
         lines.append("intact across restarts: " + ", ".join(f"{v} {k}" for k, v in self.checks.items()))
         for what in ("processes", "mounts", "loop devices", "cgroups"):
             items = self.leftovers.get(what, [])
@@ -322,6 +346,8 @@ class Soak:
             bad.append(f"{self.total('lost')} results lost outside the faults")
         if self.total("ok") == 0:
             bad.append("no run succeeded")
+        if not self.drain or self.drain[0] != "503":
+            bad.append(f"while SIGTERM drained, the first new client got {self.drain[:1]}, not 503 unavailable")
         for what, items in self.leftovers.items():
             if items:
                 bad.append(f"{len(items)} {what} left after the stop")
