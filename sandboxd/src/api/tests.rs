@@ -238,7 +238,7 @@ impl Operations for Memory {
         std::io::Write::write_all(&mut file, &bytes).unwrap();
         std::io::Seek::rewind(&mut file).unwrap();
         let name = rel.file_name().unwrap().to_string_lossy().into_owned();
-        Ok(OpenFile { file, size: bytes.len() as u64, mime_type: crate::artifacts::mime_type(&rel), name })
+        Ok(OpenFile { file, size: bytes.len() as u64, mime_type: crate::artifacts::mime_type(&rel), name: name.into() })
     }
     fn create_file(
         &self,
@@ -601,7 +601,7 @@ async fn bodies_are_checked_before_the_service_is_asked() {
     let cases: Vec<(&str, Vec<u8>, u16, &str, &str)> = vec![
         ("/v1/runs", vec![], 400, "invalid_request", "request body is empty"),
         ("/v1/runs", b"{\"code\":".to_vec(), 400, "invalid_request", "invalid JSON body"),
-        ("/v1/runs", b"[1]".to_vec(), 400, "invalid_request", "invalid JSON body"),
+        ("/v1/runs", b"[1]".to_vec(), 400, "invalid_request", "not a JSON object"),
         (
             "/v1/runs",
             br#"{"code":"1","langauge":"python"}"#.to_vec(),
@@ -737,7 +737,7 @@ async fn answers_have_their_documented_shapes() {
     let h = resp.headers().clone();
     assert_eq!(h.get(header::CONTENT_TYPE).unwrap(), "text/csv");
     assert_eq!(h.get(header::CONTENT_LENGTH).unwrap(), "4");
-    assert_eq!(h.get(header::CONTENT_DISPOSITION).unwrap(), "inline; filename=\"x.csv\"");
+    assert_eq!(h.get(header::CONTENT_DISPOSITION).unwrap(), "inline; filename=\"x.csv\"; filename*=UTF-8''x.csv");
     assert_eq!(h.get(header::X_CONTENT_TYPE_OPTIONS).unwrap(), "nosniff");
     assert_eq!(body_of(resp).await, b"a,b\n");
 
