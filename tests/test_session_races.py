@@ -164,8 +164,14 @@ def test_an_id_stays_taken_until_its_teardown_ends(daemon):
 
         def create():
             with daemon.http() as c:
-                c.get("/v1/health")
-                time.sleep(0.01 * (i % 4))
+                # Right after the close began (the session is no longer found), or
+                # a little earlier on some tries: the create meets the teardown.
+                if i % 4:
+                    end = time.time() + 10
+                    while c.get(f"/v1/sessions/{sid}").status_code != 404 and time.time() < end:
+                        pass
+                else:
+                    c.get("/v1/health")
                 box["c0"] = time.monotonic()
                 r = c.post("/v1/sessions", json={"id": sid, "policy": "tiny"})
                 box["c1"], box["create"] = time.monotonic(), r
@@ -200,3 +206,71 @@ def test_an_id_stays_taken_until_its_teardown_ends(daemon):
     print("creates answered after waiting for the teardown:", during_teardown, "outcomes:", outcomes)
     assert during_teardown >= 2, outcomes
     daemon.assert_clean()
+
+
+LOUD_POLICY = """
+description = "Lots of output, for a client that does not read it."
+timeout_s = 60
+output_kb = 16384
+"""
+
+
+def test_a_streaming_client_that_stops_reading_holds_neither_the_run_nor_the_close(fresh_daemon):
+    """A client asks for a run's output as events, then never reads: the run still
+    ends and the session still closes (the daemon never waits on a client's
+    reading; what the client did not take is bounded by the output limit)."""
+    import json
+    import socket
+
+    daemon = fresh_daemon(policies={"loud": LOUD_POLICY})
+    with daemon.http() as c:
+        sid = new_session(c, policy="loud")
+        # 12 MiB in 1 KiB writes, each mostly read as a chunk of its own: far more
+        # events than the stream's queue and the sockets' buffers hold.
+        code = ("import os, time\n"
+                "for i in range(12 * 1024):\n"
+                "    os.write(1, b'x' * 1023 + b'\\n')\n"
+                "    if i % 64 == 0: time.sleep(0.001)\n")
+        body = json.dumps({"code": code}).encode()
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", daemon.port))
+        s.sendall(b"POST /v1/sessions/%s/runs HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept: text/event-stream\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (sid.encode(), daemon.port, len(body))
+                  + body)
+        try:
+            # The run is going (its session busy), its events unread. Wait until it
+            # has written it all and the daemon has read it: no longer busy.
+            deadline = time.time() + 30
+            while not c.get(f"/v1/sessions/{sid}").json().get("busy"):
+                assert time.time() < deadline, "the run never started"
+                time.sleep(0.05)
+            deadline = time.time() + 90
+            while time.time() < deadline:
+                info = c.get(f"/v1/sessions/{sid}").json()
+                if not info.get("busy"):
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"the run still holds its session 90 s later: {info}")
+            r = c.delete(f"/v1/sessions/{sid}", timeout=60)
+            assert r.status_code == 200, r.text
+            assert c.get(f"/v1/sessions/{sid}").status_code == 404
+            # The client read nothing all along; what it gets now is the whole
+            # output, in order, then the result.
+            s.settimeout(60)
+            got = bytearray()
+            while True:
+                more = s.recv(1 << 20)
+                if not more:
+                    break
+                got += more
+                if got.endswith(b"\n\n") and b"event: result" in got[-(1 << 16):]:
+                    break
+            got = bytes(got)
+            texts = [json.loads(line[len(b"data: "):])["text"] for line in got.split(b"\n")
+                     if line.startswith(b"data: {\"text\"")]
+            assert "".join(texts) == ("x" * 1023 + "\n") * 12 * 1024, got[:400]
+            assert b"event: result" in got
+        finally:
+            s.close()

@@ -651,6 +651,10 @@ pub fn fit_image(bytes: &[u8], mime: &str) -> Option<(Vec<u8>, String)> {
     fit_image_within(bytes, mime, MAX_IMAGE_BYTES).ok()
 }
 
+/// Below this share an image is left out rather than squeezed (a 384-px JPEG of a
+/// plot needs more).
+const MIN_FIT_BYTES: usize = 16 * 1024;
+
 /// Make an image fit `max_bytes` and [`MAX_IMAGE_SIDE`]: as it is when it does,
 /// else downscaled to each of [`IMAGE_SIDES`] in turn and re-encoded (PNG, or
 /// JPEG if PNG is too big) until it fits.
@@ -667,15 +671,23 @@ pub fn fit_image_within(bytes: &[u8], mime: &str, max_bytes: usize) -> Result<(V
     if w > MAX_DECODED_SIDE || h > MAX_DECODED_SIDE || u64::from(w) * u64::from(h) * 4 > MAX_DECODE_ALLOC {
         return Err(Unfit::Unreadable);
     }
+    // A share too small for any useful picture is not worth a decode and ten
+    // encodes (the text says the image was left out, and where it is).
+    if max_bytes < MIN_FIT_BYTES {
+        return Err(Unfit::TooLarge);
+    }
     let mut reader = ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().map_err(unreadable)?;
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_DECODED_SIDE);
     limits.max_image_height = Some(MAX_DECODED_SIDE);
     limits.max_alloc = Some(MAX_DECODE_ALLOC);
     reader.limits(limits);
-    let full = reader.decode().map_err(|_| Unfit::Unreadable)?;
+    // Each smaller size is made from the one before (cheaper than from the full picture).
+    let mut img = reader.decode().map_err(|_| Unfit::Unreadable)?;
     for side in IMAGE_SIDES {
-        let img = if w > side || h > side { full.thumbnail(side, side) } else { full.clone() };
+        if img.width() > side || img.height() > side {
+            img = img.thumbnail(side, side);
+        }
         let mut png = vec![];
         img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).map_err(|_| Unfit::Unreadable)?;
         if png.len() <= max_bytes {

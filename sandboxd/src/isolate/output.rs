@@ -40,6 +40,7 @@ pub async fn capture<R: AsyncRead + Unpin>(
 ) -> Captured {
     let mut out = Captured::default();
     let Some(mut reader) = reader else { return out };
+    let mut relay = chunks.map(|tx| Relay { tx, stream, backlog: String::new() });
     let mut buf = vec![0u8; 64 * 1024];
     // Bytes of an incomplete UTF-8 sequence held back from the last chunk.
     let mut pending: Vec<u8> = vec![];
@@ -57,21 +58,61 @@ pub async fn capture<R: AsyncRead + Unpin>(
             continue;
         }
         out.bytes.extend_from_slice(&buf[..keep]);
-        if let Some(tx) = &chunks {
+        if let Some(relay) = &mut relay {
             pending.extend_from_slice(&buf[..keep]);
             let text = take_complete_utf8(&mut pending, out.truncated);
-            if !text.is_empty() {
-                // A client that went away must not stop the run from being read.
-                let _ = tx.send(Chunk { stream, text }).await;
-            }
+            relay.push(text);
         }
     }
-    if let Some(tx) = &chunks {
-        if !pending.is_empty() {
-            let _ = tx.send(Chunk { stream, text: String::from_utf8_lossy(&pending).into_owned() }).await;
-        }
+    if let Some(mut relay) = relay {
+        relay.push(String::from_utf8_lossy(&pending).into_owned());
+        relay.finish();
     }
     out
+}
+
+/// Hands output to a streaming client without ever waiting for it: a client that
+/// stops reading (or reads slowly) must not hold the run, its session or its
+/// close. What the client has not taken yet waits here, joined into one piece per
+/// stream — bounded by the output limit, since only kept bytes are streamed — and
+/// at the end goes out from a task of its own, which ends when the client has read
+/// it or gone away. The order of the pieces is kept.
+struct Relay {
+    tx: mpsc::Sender<Chunk>,
+    stream: StreamKind,
+    backlog: String,
+}
+
+impl Relay {
+    fn push(&mut self, text: String) {
+        if text.is_empty() {
+            return;
+        }
+        self.backlog.push_str(&text);
+        let piece = Chunk { stream: self.stream, text: std::mem::take(&mut self.backlog) };
+        match self.tx.try_send(piece) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(piece)) => self.backlog = piece.text,
+            // The client went away: nothing more to keep for it.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn finish(self) {
+        if self.backlog.is_empty() {
+            return;
+        }
+        let Relay { tx, stream, backlog } = self;
+        let piece = Chunk { stream, text: backlog };
+        match tx.try_send(piece) {
+            Err(mpsc::error::TrySendError::Full(piece)) => {
+                tokio::spawn(async move {
+                    let _ = tx.send(piece).await;
+                });
+            }
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
 }
 
 /// Decode the longest prefix of `pending` that does not end inside a UTF-8
@@ -107,6 +148,36 @@ mod tests {
         let small = capture(Some(&b"hi"[..]), StreamKind::Stdout, 1000, None).await;
         assert_eq!(small.text(), "hi");
         assert!(!small.truncated);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_never_holds_the_capture() {
+        // 4000 pieces through a channel of 2 that nobody reads until the end.
+        let (r, mut w) = tokio::io::duplex(16);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for i in 0..4000u32 {
+                w.write_all(format!("{i},").as_bytes()).await.unwrap();
+                w.flush().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        });
+        let (tx, mut rx) = mpsc::channel(2);
+        let got = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            capture(Some(r), StreamKind::Stdout, 1 << 20, Some(tx)),
+        )
+        .await
+        .expect("the capture ended although its client read nothing");
+        writer.await.unwrap();
+        let want: String = (0..4000u32).map(|i| format!("{i},")).collect();
+        assert_eq!(got.text(), want);
+        // Everything still reaches the client, in order, once it reads.
+        let mut streamed = String::new();
+        while let Some(c) = rx.recv().await {
+            streamed.push_str(&c.text);
+        }
+        assert_eq!(streamed, want);
     }
 
     #[test]
