@@ -51,6 +51,14 @@ def fresh_daemon():
     shutil.rmtree(base, ignore_errors=True)
 
 
+def error_code(r):
+    """The error envelope's code of an answer, or None when it has none."""
+    try:
+        return r.json()["error"]["code"]
+    except Exception:
+        return None
+
+
 def new_session(client, **fields):
     """Create a session through the API and return its id."""
     r = client.post("/v1/sessions", json=fields)

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from conftest import new_session
+from conftest import error_code, new_session
 
 CREATE_ITERATIONS = 12
 # Requests one hammering thread sends in one iteration, at most.
@@ -31,13 +31,6 @@ def hidden_below_mount(session_dir):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
-
-
-def error_code(r):
-    try:
-        return r.json()["error"]["code"]
-    except Exception:
-        return None
 
 
 def test_a_session_is_unreachable_until_its_workspace_is_mounted(daemon):

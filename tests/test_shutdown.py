@@ -7,14 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from conftest import new_session
-
-
-def error_code(r):
-    try:
-        return r.json()["error"]["code"]
-    except Exception:
-        return None
+from conftest import error_code, new_session
 
 
 def test_the_drain_answers_503_with_retry_after_until_the_runs_end(fresh_daemon):
