@@ -264,6 +264,34 @@ impl Operations for Memory {
             None => Err(workspace::Error::NotFound(path.into()).into()),
         }
     }
+    fn list_runs<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<crate::records::RunPage, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            self.session(caller, id)?;
+            match before {
+                Some(b) => Err(service::Error::RunNotFound { session: id.into(), run_id: b.into() }),
+                None => Ok(crate::records::RunPage { runs: vec![], next: Some(format!("{limit}")) }),
+            }
+        })
+    }
+    fn get_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<crate::records::RunRecord, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            self.session(caller, id)?;
+            Err(service::Error::RunNotFound { session: id.into(), run_id: run_id.into() })
+        })
+    }
     fn condition(&self) -> BoxFuture<'_, Condition> {
         Box::pin(async move {
             Condition {
