@@ -560,7 +560,7 @@ impl Manager {
     fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
         // A filesystem that cannot say (or a failure to ask) refuses nothing.
         let Ok(fs) = nix::sys::statvfs::statvfs(&self.dir) else { return Ok(()) };
-        let free = (fs.blocks_available() as u64).saturating_mul(fs.fragment_size() as u64);
+        let free = fs.blocks_available().saturating_mul(fs.fragment_size());
         let per_session = crate::records::MAX_BYTES;
         let held: u64 = map
             .iter()
