@@ -379,29 +379,29 @@ impl Service {
         if self.draining.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
-        // The run is accepted: from here on it has a record.
+        // The run is accepted: from here on it has a record, written beside the
+        // sandbox's start rather than before it.
         let run_id = run::new_run_id();
         let records = self.sessions.records(&lease.id);
         let record = RunRecord::accepted(&run_id, req.language, lease.mode, &req.code);
-        let pending = blocking(records.clone(), move |r| r.begin(record)).await;
-        let pending = match pending {
-            Ok(p) => Some(p),
-            Err(e) => {
-                // The run goes on without one: the host's disk is the operator's to fix.
-                tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record");
-                None
-            }
-        };
+        let begun = blocking(records.clone(), move |r| r.begin(record));
         let (done_tx, done_rx) = oneshot::channel();
         let ctx = self.ctx.clone();
         tokio::spawn(async move {
-            let result = run::execute(&ctx, &lease, &req, &run_id, chunks).await.map_err(Error::from);
-            if let Some(mut pending) = pending {
-                pending.record.ended(result.as_ref().map_err(record_error));
-                // Written while the lease still holds the session (its teardown
-                // waits), and before the caller hears of the result.
-                if let Err(e) = blocking(records, move |r| r.finish(&pending)).await {
-                    tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record");
+            let (result, begun) = tokio::join!(run::execute(&ctx, &lease, &req, &run_id, chunks), begun);
+            let result = result.map_err(Error::from);
+            match begun {
+                Ok(mut pending) => {
+                    pending.record.ended(result.as_ref().map_err(record_error));
+                    // Written while the lease still holds the session (its teardown
+                    // waits), and before the caller hears of the result.
+                    if let Err(e) = blocking(records, move |r| r.finish(&pending)).await {
+                        tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record");
+                    }
+                }
+                // The run went on without one: the host's disk is the operator's to fix.
+                Err(e) => {
+                    tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record")
                 }
             }
             drop(lease);
