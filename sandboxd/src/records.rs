@@ -10,7 +10,8 @@
 //! becomes `interrupted` ([`Records::interrupt_running`]).
 //!
 //! Bounds: at most [`MAX_RECORDS`] records and [`MAX_BYTES`] per session (the
-//! oldest go first; the newest is always kept); a record keeps the first
+//! oldest go first when a run begins; the newest is always kept, and may take the
+//! bytes past the bound until the next run begins); a record keeps the first
 //! [`KEPT_CODE`] bytes of the code and [`KEPT_OUTPUT`] bytes of each output stream.
 //!
 //! Only one run of a session goes at a time (its lease), so one writer per
@@ -258,10 +259,11 @@ impl Records {
         write_atomic(&pending.path, &pending.record)
     }
 
-    /// The run ended: write its final record, then keep within the bounds.
+    /// The run ended: write its final record. (The bounds are kept when the next
+    /// run begins, beside its sandbox's start: a session holds at most one record
+    /// past them, its newest.)
     pub fn finish(&self, pending: &Pending) -> io::Result<()> {
-        self.write(pending)?;
-        self.prune(&pending.path)
+        self.write(pending)
     }
 
     /// Remove the oldest records past [`MAX_RECORDS`] or [`MAX_BYTES`]; never `keep`.
@@ -448,13 +450,15 @@ mod tests {
             records.finish(&p).unwrap();
             assert!(p.record.output_cut && p.record.code_truncated);
         }
-        let total: u64 = records
+        let sizes: Vec<u64> = records
             .entries()
             .unwrap()
             .iter()
             .map(|e| fs::metadata(dir.path().join(DIR).join(&e.2)).unwrap().len())
-            .sum();
-        assert!(total <= MAX_BYTES, "{total}");
+            .collect();
+        let newest = *sizes.last().unwrap();
+        let total: u64 = sizes.iter().sum();
+        assert!(total - newest <= MAX_BYTES && total > MAX_BYTES / 2, "{total}");
         assert_eq!(records.entries().unwrap().last().unwrap().1, id(299));
         let newest = records.get(&id(299)).unwrap().unwrap();
         assert_eq!(newest.result.unwrap().stdout.len(), KEPT_OUTPUT);
