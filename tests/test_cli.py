@@ -82,3 +82,20 @@ def test_names_the_sandbox_chose_reach_the_terminal_escaped(daemon):
     assert ls.returncode == 0 and "\x1b" not in ls.stdout and "\x07" not in ls.stdout
     assert ls.stdout == "1\ttext/plain\tx\\u{1b}]0;pwned\\u{7}\\nfake.txt\n", ls.stdout
     assert ctl(daemon, "sessions", "rm", sid).returncode == 0
+
+
+def test_sessions_runs_lists_and_shows_run_records(daemon):
+    sid = ctl(daemon, "sessions", "new").stdout.strip()
+    first = json.loads(ctl(daemon, "run", "--session", sid, "--json", "-", stdin="print('one')").stdout)
+    second = json.loads(ctl(daemon, "run", "--session", sid, "--json", "--shell", "-", stdin="exit 3").stdout)
+    listed = ctl(daemon, "sessions", "runs", sid)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split("\t") for line in listed.stdout.splitlines()]
+    assert [r[:3] for r in rows] == [[second["run_id"], "error", "shell"], [first["run_id"], "ok", "python"]]
+    older = ctl(daemon, "sessions", "runs", sid, "--limit", "1", "--before", second["run_id"])
+    assert [line.split("\t")[0] for line in older.stdout.splitlines()] == [first["run_id"]]
+    shown = json.loads(ctl(daemon, "sessions", "run", sid, first["run_id"]).stdout)
+    assert (shown["code"], shown["status"], shown["result"]["stdout"]) == ("print('one')", "ok", "one\n")
+    missing = ctl(daemon, "sessions", "run", sid, "0" * 32)
+    assert missing.returncode != 0 and missing.stderr.rstrip().endswith("(run_not_found)"), missing.stderr
+    ctl(daemon, "sessions", "rm", sid)

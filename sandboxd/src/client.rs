@@ -136,6 +136,25 @@ impl Client {
         self.call("DELETE", &format!("/v1/sessions/{}/run", segment(id)), NO_BODY).await
     }
 
+    /// Up to `limit` of a session's run records, newest first, older than `before`.
+    pub async fn list_runs(
+        &self,
+        id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::records::RunPage, ClientError> {
+        let mut path = format!("/v1/sessions/{}/runs?limit={limit}", segment(id));
+        if let Some(b) = before {
+            path.push_str(&format!("&before={}", segment(b)));
+        }
+        self.call("GET", &path, NO_BODY).await
+    }
+
+    /// One run record of a session.
+    pub async fn get_run(&self, id: &str, run_id: &str) -> Result<crate::records::RunRecord, ClientError> {
+        self.call("GET", &format!("/v1/sessions/{}/runs/{}", segment(id), segment(run_id)), NO_BODY).await
+    }
+
     /// Run `req` (in `req.session_id`, or in a new session) and wait for its result.
     pub async fn run(&self, req: &RunRequest) -> Result<RunResult, ClientError> {
         self.call("POST", "/v1/runs", Some(req)).await

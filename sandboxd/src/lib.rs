@@ -20,6 +20,7 @@ pub mod mountinfo;
 pub mod plan;
 pub mod policy;
 pub mod pool;
+pub mod records;
 pub mod rootfs;
 pub mod run;
 pub mod service;

@@ -126,7 +126,8 @@ pub struct KernelFields {
     pub result: Option<serde_json::Value>,
     /// `{name, value, traceback}` when the cell raised, else null.
     pub exception: Option<serde_json::Value>,
-    /// The kernel was killed during this run (and its variables lost).
+    /// The session's earlier variables are gone: the kernel was killed during this
+    /// cell, or this is the first cell since the daemon restarted.
     pub kernel_restarted: bool,
 }
 
@@ -193,19 +194,25 @@ pub fn validate(req: &RunRequest, policy: &Policy) -> Result<Duration, Error> {
     }
 }
 
-/// Run `req` in the leased session.
+/// A new run's id: 32 lowercase hex digits.
+pub fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Run `req` in the leased session, as run `run_id` ([`new_run_id`]).
 pub async fn execute(
     ctx: &Context,
     lease: &Lease,
     req: &RunRequest,
+    run_id: &str,
     chunks: Option<mpsc::Sender<Chunk>>,
 ) -> Result<RunResult, Error> {
     if lease.mode == crate::session::Mode::Kernel && req.language == Language::Python {
-        return execute_cell(ctx, lease, req, chunks).await;
+        return execute_cell(ctx, lease, req, run_id, chunks).await;
     }
     let policy = &lease.policy;
     let timeout = validate(req, policy)?;
-    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let run_id = run_id.to_string();
     let autosave = req.autosave_figures.unwrap_or(policy.autosave_figures);
     let (argv, stdin) = match req.language {
         Language::Python => (
@@ -353,13 +360,17 @@ async fn execute_cell(
     ctx: &Context,
     lease: &Lease,
     req: &RunRequest,
+    run_id: &str,
     chunks: Option<mpsc::Sender<Chunk>>,
 ) -> Result<RunResult, Error> {
     let policy = &lease.policy;
     let timeout = validate(req, policy)?;
-    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let run_id = run_id.to_string();
     let started = std::time::Instant::now();
-    let existing = lease_kernel(ctx, lease).await?;
+    let (existing, fresh) = lease_kernel(ctx, lease).await?;
+    // The session's kernel from before a daemon restart is gone, with its variables:
+    // the first cell in a new one says so.
+    let lost = fresh && ctx.sessions.take_kernel_lost(&lease.id);
     let snapshot = snapshot(lease).await?;
     tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "cell code");
@@ -402,13 +413,13 @@ async fn execute_cell(
             .status();
             result.exit_code = Some(reply.exit_code);
             result.stdout = reply.stdout;
-            result.stderr = reply.stderr;
+            result.stderr = if lost { format!("{KERNEL_LOST}{}", reply.stderr) } else { reply.stderr };
             result.stdout_truncated = reply.stdout_truncated;
             result.stderr_truncated = reply.stderr_truncated;
             result.kernel = Some(KernelFields {
                 result: reply.result.and_then(|r| serde_json::to_value(r).ok()),
                 exception: reply.exception.and_then(|e| serde_json::to_value(e).ok()),
-                kernel_restarted: false,
+                kernel_restarted: lost,
             });
         }
         kernel::CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr } => {
@@ -445,11 +456,16 @@ async fn execute_cell(
     Ok(result)
 }
 
-/// The session's kernel, started now if it has none (or its last one died).
-async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Error> {
+/// What the first cell after a daemon restart says on stderr, before its own output.
+const KERNEL_LOST: &str =
+    "sandboxd: the daemon restarted since this session's last cell: this kernel is new, and earlier variables are gone\n";
+
+/// The session's kernel, started now if it has none (or its last one died), and
+/// whether it was started now.
+async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<(kernel::Kernel, bool), Error> {
     let existing = ctx.sessions.kernels.take(&lease.id).await;
     match existing {
-        Some(k) => Ok(k),
+        Some(k) => Ok((k, false)),
         None => kernel::Kernel::start(
             &ctx.sandboxes,
             kernel::StartSpec {
@@ -461,6 +477,7 @@ async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<kernel::Kernel, Er
             },
         )
         .await
+        .map(|k| (k, true))
         .map_err(|e| Error::internal("starting the session's kernel", e)),
     }
 }

@@ -10,6 +10,7 @@
 use crate::artifacts;
 use crate::isolate::output::Chunk;
 use crate::policy::Policy;
+use crate::records::{self, RunPage, RunRecord};
 use crate::run::{self, Context, RunRequest, RunResult};
 use crate::session::{self, Lease, Manager, Mode, SessionInfo};
 use crate::workspace::{self, Workspace};
@@ -53,6 +54,10 @@ pub enum Error {
     FileTooLarge { path: String, limit: u64 },
     #[error("the daemon is shutting down: retry in a moment")]
     ShuttingDown,
+    /// A run record the session does not have (never made, or pruned: a session
+    /// keeps its newest runs only).
+    #[error("session {session:?} has no run {run_id:?}: list its runs with GET /v1/sessions/{session}/runs (a session keeps its newest {} runs)", records::MAX_RECORDS)]
+    RunNotFound { session: String, run_id: String },
     /// A host failure; `context` names the step (the cause is logged, not shown).
     #[error("{context}: {error}")]
     Internal { context: String, error: String },
@@ -211,6 +216,22 @@ pub trait Operations: Send + Sync + 'static {
     fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error>;
     /// What is degraded now, and the counters `GET /v1/health` shows.
     fn condition(&self) -> BoxFuture<'_, Condition>;
+    /// Up to `limit` of the session's run records, newest first, older than run
+    /// `before` when given ([`crate::records`]).
+    fn list_runs<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<RunPage, Error>>;
+    /// One run record of the session.
+    fn get_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<RunRecord, Error>>;
 
     /// [`Operations::start_run`], waiting for the result.
     fn run<'a>(&'a self, caller: &'a Caller, req: RunRequest) -> BoxFuture<'a, Result<RunResult, Error>> {
@@ -358,14 +379,71 @@ impl Service {
         if self.draining.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
+        // The run is accepted: from here on it has a record, written beside the
+        // sandbox's start rather than before it.
+        let run_id = run::new_run_id();
+        let records = self.sessions.records(&lease.id);
+        let record = RunRecord::accepted(&run_id, req.language, lease.mode, &req.code);
+        let begun = blocking(records.clone(), move |r| r.begin(record));
         let (done_tx, done_rx) = oneshot::channel();
         let ctx = self.ctx.clone();
         tokio::spawn(async move {
-            let result = run::execute(&ctx, &lease, &req, chunks).await.map_err(Error::from);
+            let (result, begun) = tokio::join!(run::execute(&ctx, &lease, &req, &run_id, chunks), begun);
+            let result = result.map_err(Error::from);
+            match begun {
+                Ok(mut pending) => {
+                    pending.record.ended(result.as_ref().map_err(record_error));
+                    // Written while the lease still holds the session (its teardown
+                    // waits), and before the caller hears of the result.
+                    if let Err(e) = blocking(records, move |r| r.finish(&pending)).await {
+                        tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record");
+                    }
+                }
+                // The run went on without one: the host's disk is the operator's to fix.
+                Err(e) => {
+                    tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record")
+                }
+            }
             drop(lease);
             let _ = done_tx.send(result);
         });
         Ok(done_rx)
+    }
+
+    /// Up to `limit` of session `id`'s run records, newest first.
+    pub async fn list_runs(
+        &self,
+        caller: &Caller,
+        id: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<RunPage, Error> {
+        let opened = self.sessions.open(id, caller.owner())?;
+        let records = opened.records.clone();
+        let wanted = before.map(str::to_string);
+        let page = blocking(records, move |r| {
+            let page = r.page(wanted.as_deref(), limit);
+            drop(opened);
+            page
+        })
+        .await
+        .map_err(|e| Error::internal("reading the session's run records", e))?;
+        page.ok_or_else(|| Error::RunNotFound { session: id.to_string(), run_id: before.unwrap_or_default().into() })
+    }
+
+    /// Run `run_id`'s record in session `id`.
+    pub async fn get_run(&self, caller: &Caller, id: &str, run_id: &str) -> Result<RunRecord, Error> {
+        let opened = self.sessions.open(id, caller.owner())?;
+        let records = opened.records.clone();
+        let wanted = run_id.to_string();
+        let record = blocking(records, move |r| {
+            let record = r.get(&wanted);
+            drop(opened);
+            record
+        })
+        .await
+        .map_err(|e| Error::internal("reading a run record", e))?;
+        record.ok_or_else(|| Error::RunNotFound { session: id.to_string(), run_id: run_id.to_string() })
     }
 
     /// The session's workspace, opened for one file operation while the session
@@ -524,6 +602,44 @@ impl Operations for Service {
 
     fn condition(&self) -> BoxFuture<'_, Condition> {
         Box::pin(Service::condition(self))
+    }
+
+    fn list_runs<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<RunPage, Error>> {
+        Box::pin(Service::list_runs(self, caller, id, before, limit))
+    }
+
+    fn get_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<RunRecord, Error>> {
+        Box::pin(Service::get_run(self, caller, id, run_id))
+    }
+}
+
+/// Call `f` with the session's records on a blocking thread (records are files).
+async fn blocking<T: Send + 'static>(
+    records: records::Records,
+    f: impl FnOnce(&records::Records) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(move || f(&records)).await.map_err(std::io::Error::other)?
+}
+
+/// What a run's record says of the error that stopped it: what its caller was
+/// told, without a host failure's details (those are in the daemon's log).
+fn record_error(e: &Error) -> String {
+    match e {
+        Error::Internal { context, .. } | Error::Run(run::Error::Internal { context, .. }) => {
+            format!("{context} failed on the server; the daemon log has the cause")
+        }
+        other => other.to_string(),
     }
 }
 

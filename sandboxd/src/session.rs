@@ -14,6 +14,7 @@
 //! Each token also has quotas: sessions held, and runs going at once.
 
 use crate::policy::Policy;
+use crate::records::Records;
 use crate::storage;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -45,6 +46,10 @@ pub enum Error {
     MaxSessions(usize),
     #[error("this token already has its maximum of {0} runs going at once (token_max_runs): wait for one to finish, or cancel one (DELETE /v1/sessions/ID/run), then retry")]
     TokenMaxRuns(usize),
+    /// The state directory's filesystem cannot hold every session's workspace
+    /// filled up, this new one included.
+    #[error("the state directory's filesystem has {free_mb} MiB free, but the sessions held could grow by {held_mb} MiB and this one needs {wanted_mb} MiB (policy {policy:?}): close sessions you no longer need, free disk space, or use a policy with a smaller workspace_mb")]
+    InsufficientStorage { free_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
     /// The session's workspace could not be made (a host failure, not the caller's).
     #[error("creating the session workspace: {0}")]
     Workspace(std::io::Error),
@@ -107,11 +112,23 @@ struct Live {
     users: usize,
     /// Set when the teardown begins: an upload in progress stops at its next write.
     closing: Arc<AtomicBool>,
+    /// A kernel session taken back after a restart, whose kernel (and variables)
+    /// went with the earlier daemon: its next cell says `kernel_restarted`.
+    kernel_lost: bool,
 }
 
 impl Live {
     fn new(info: SessionInfo, last_used: SystemTime, phase: Phase) -> Live {
-        Live { info, last_used, busy: false, cancel: None, phase, users: 0, closing: Arc::default() }
+        Live {
+            info,
+            last_used,
+            busy: false,
+            cancel: None,
+            phase,
+            users: 0,
+            closing: Arc::default(),
+            kernel_lost: false,
+        }
     }
 }
 
@@ -202,6 +219,8 @@ pub struct Opened {
     pub info: SessionInfo,
     /// The mounted workspace's root directory.
     pub workspace: PathBuf,
+    /// The session's run records.
+    pub records: Records,
     /// Holds the session up: drop it when the operation is done.
     pub hold: Use,
 }
@@ -330,6 +349,17 @@ impl Manager {
         self.session_dir(key).join("data")
     }
 
+    /// The run records of the session with this key (they go with its directory).
+    pub fn records(&self, key: &str) -> Records {
+        Records::of(&self.session_dir(key))
+    }
+
+    /// Whether session `key`'s kernel went with an earlier daemon and no cell has
+    /// said so yet; the answer is given once.
+    pub fn take_kernel_lost(&self, key: &str) -> bool {
+        self.lock().get_mut(key).is_some_and(|l| std::mem::take(&mut l.kernel_lost))
+    }
+
     /// The ready session `key` if `owner` sees it: the one lookup every route
     /// (files, runs, kernel cells, cancel, close) goes through. A session still
     /// being created, or whose teardown began, is not found.
@@ -360,7 +390,7 @@ impl Manager {
         let info = shown(&live.info, live.busy, owner);
         let hold =
             Use { manager: self.clone(), key: key.clone(), public_id: id.to_string(), closing: live.closing.clone() };
-        Ok(Opened { info, workspace: self.workspace(&key), hold })
+        Ok(Opened { info, workspace: self.workspace(&key), records: self.records(&key), hold })
     }
 
     fn persist(&self, info: &SessionInfo) {
@@ -500,6 +530,7 @@ impl Manager {
         if counted().count() >= self.max_sessions {
             return Err(Error::MaxSessions(self.max_sessions));
         }
+        self.check_storage(&map, policy)?;
         let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
         let uid = (0..u32::MAX - self.uid_base)
             .map(|i| self.uid_base + i)
@@ -520,6 +551,39 @@ impl Manager {
         // Reserved, unreachable by any route until its workspace is mounted.
         map.insert(key.to_string(), Live::new(info.clone(), now, Phase::Creating));
         Ok(Some(info))
+    }
+
+    /// Refuse a new session of `policy` when the state directory's filesystem could
+    /// not hold every session's workspace filled up (images are sparse: each can
+    /// still grow by its size less what it already takes), this one included, with
+    /// each session's run records ([`crate::records::MAX_BYTES`]).
+    fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
+        // A filesystem that cannot say (or a failure to ask) refuses nothing.
+        let Ok(fs) = nix::sys::statvfs::statvfs(&self.dir) else { return Ok(()) };
+        let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+        let per_session = crate::records::MAX_BYTES;
+        let held: u64 = map
+            .iter()
+            .filter(|(_, l)| l.phase != Phase::Closing)
+            .map(|(key, l)| {
+                let size = self.policies.get(&l.info.policy).map(|p| p.workspace_bytes()).unwrap_or(0);
+                let taken = std::fs::metadata(self.session_dir(key).join(storage::IMAGE))
+                    .map(|m| std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
+                    .unwrap_or(0);
+                size.saturating_sub(taken).saturating_add(per_session)
+            })
+            .sum();
+        let wanted = policy.workspace_bytes().saturating_add(per_session);
+        if held.saturating_add(wanted) > free {
+            const MIB: u64 = 1024 * 1024;
+            return Err(Error::InsufficientStorage {
+                free_mb: free / MIB,
+                held_mb: held.div_ceil(MIB),
+                wanted_mb: wanted.div_ceil(MIB),
+                policy: policy.name.clone(),
+            });
+        }
+        Ok(())
     }
 
     pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, Error> {
@@ -718,7 +782,21 @@ impl Manager {
             match (keep, mounted) {
                 (Some(info), Ok(())) => {
                     let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
-                    self.lock().insert(key_of(&info), Live::new(info, last_used, Phase::Ready));
+                    // Runs the earlier daemon had going ended with it.
+                    let records = Records::of(&path);
+                    match records.interrupt_running() {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::info!(session_id = %key_of(&info), runs = n, "runs cut off by the earlier daemon's end are marked interrupted")
+                        }
+                        Err(e) => {
+                            tracing::warn!(session_id = %key_of(&info), error = %e, "could not mark the session's interrupted runs")
+                        }
+                    }
+                    let mut live = Live::new(info, last_used, Phase::Ready);
+                    // A kernel session that ran a cell had a kernel; it is gone.
+                    live.kernel_lost = live.info.mode == Mode::Kernel && records.any();
+                    self.lock().insert(key_of(&live.info), live);
                     taken += 1;
                 }
                 (_, result) => {

@@ -16,6 +16,8 @@ pub enum Code {
     /// A `Host` the daemon does not serve, or a foreign `Origin` (a browser page).
     Forbidden,
     SessionNotFound,
+    /// A run record the session does not have (never made, or no longer kept).
+    RunNotFound,
     NotFound,
     /// A route that exists, asked with a method it does not take.
     MethodNotAllowed,
@@ -34,6 +36,8 @@ pub enum Code {
     MaxSessions,
     /// The caller's token already has its most runs going at once.
     MaxRuns,
+    /// The state directory's filesystem cannot hold another session.
+    InsufficientStorage,
     Unavailable,
     Internal,
 }
@@ -47,11 +51,12 @@ impl Code {
             Forbidden => StatusCode::FORBIDDEN,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            SessionNotFound | NotFound => StatusCode::NOT_FOUND,
+            SessionNotFound | RunNotFound | NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             FileExists | FileBusy | SessionExists | SessionBusy => StatusCode::CONFLICT,
             CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             MaxSessions | MaxRuns => StatusCode::TOO_MANY_REQUESTS,
+            InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -69,6 +74,7 @@ impl Code {
             UnsupportedMediaType => "unsupported_media_type",
             RequestTimeout => "request_timeout",
             SessionNotFound => "session_not_found",
+            RunNotFound => "run_not_found",
             NotFound => "not_found",
             MethodNotAllowed => "method_not_allowed",
             FileExists => "file_exists",
@@ -80,6 +86,7 @@ impl Code {
             ArtifactTooLarge => "artifact_too_large",
             MaxSessions => "max_sessions",
             MaxRuns => "max_runs",
+            InsufficientStorage => "insufficient_storage",
             Unavailable => "unavailable",
             Internal => "internal",
         }
@@ -189,6 +196,7 @@ impl From<crate::service::Error> for ApiError {
             e @ S::UploadTooLarge { .. } => ApiError::new(Code::UploadTooLarge, e.to_string()),
             e @ S::FileTooLarge { .. } => ApiError::new(Code::ArtifactTooLarge, e.to_string()),
             e @ S::ShuttingDown => ApiError::new(Code::Unavailable, e.to_string()),
+            e @ S::RunNotFound { .. } => ApiError::new(Code::RunNotFound, e.to_string()),
             S::Internal { context, error } => ApiError::internal(&context, error),
         }
     }
@@ -205,6 +213,7 @@ fn session_error(e: crate::session::Error) -> ApiError {
         E::InvalidTtl => Code::InvalidRequest,
         E::TokenMaxSessions(_) | E::MaxSessions(_) => Code::MaxSessions,
         E::TokenMaxRuns(_) => Code::MaxRuns,
+        E::InsufficientStorage { .. } => Code::InsufficientStorage,
         E::Workspace(io) => return ApiError::internal("creating the session workspace", io),
     };
     ApiError::new(code, e.to_string())

@@ -1,8 +1,8 @@
 //! `POST /v1/runs` and `POST /v1/sessions/{id}/runs`, as JSON or as server-sent
 //! events (`Accept: text/event-stream`).
 
-use super::error::Path;
 use super::error::{ApiError, Code};
+use super::error::{Path, Query};
 use super::{read_json, Caller, Shared};
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::run::{RunRequest, RunResult};
@@ -55,6 +55,60 @@ pub async fn session_run(
     }
     req.session_id = Some(id);
     start(&state, &caller, req, &headers).await
+}
+
+/// The query of `GET /v1/sessions/{id}/runs`.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct RunsQuery {
+    pub limit: Option<String>,
+    pub before: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/runs", operation_id = "list_runs", tag = "runs",
+    params(("id" = String, Path, description = "the session's id"),
+        ("limit" = Option<u32>, Query, description = "runs in the page: 1 to 100 (default 20)", minimum = 1, maximum = 100),
+        ("before" = Option<String>, Query, description = "the page's runs are older than this run: the `next` of the page before", pattern = "^[0-9a-f]{32}$")),
+    description = "The session's runs, newest first, one page at a time: each from the moment it was accepted (`running`) to how it ended. A run cut off by the daemon's end reads `interrupted`. A session keeps its newest 100 runs (at most 8 MiB of them), and its records go with it.",
+    responses((status = 200, body = crate::records::RunPage, description = "a page of runs, newest first")))]
+pub async fn list_runs(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<RunsQuery>,
+) -> Result<Json<crate::records::RunPage>, ApiError> {
+    use crate::records::{valid_run_id, DEFAULT_PAGE, MAX_PAGE};
+    let limit = match q.limit.as_deref() {
+        None => DEFAULT_PAGE,
+        Some(l) => match l.parse::<usize>() {
+            Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+            _ => {
+                return Err(ApiError::new(
+                    Code::InvalidRequest,
+                    format!("limit={l:?}: use a whole number from 1 to {MAX_PAGE}"),
+                ))
+            }
+        },
+    };
+    if let Some(b) = q.before.as_deref().filter(|b| !valid_run_id(b)) {
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            format!("before={b:?} is not a run id (32 lowercase hex digits): pass the `next` of the page before"),
+        ));
+    }
+    Ok(Json(state.service.list_runs(&caller, &id, q.before.as_deref(), limit).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/runs/{run_id}", operation_id = "get_run", tag = "runs",
+    params(("id" = String, Path, description = "the session's id"),
+        ("run_id" = String, Path, description = "the run's id (`run_id` of its result)", pattern = "^[0-9a-f]{32}$")),
+    description = "One run of the session: its code, language, timestamps, status and (once it ended) its result.",
+    responses((status = 200, body = crate::records::RunRecord, description = "the run's record")))]
+pub async fn get_run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run_id)): Path<(String, String)>,
+) -> Result<Json<crate::records::RunRecord>, ApiError> {
+    Ok(Json(state.service.get_run(&caller, &id, &run_id).await?))
 }
 
 fn wants_stream(headers: &HeaderMap) -> bool {

@@ -264,6 +264,34 @@ impl Operations for Memory {
             None => Err(workspace::Error::NotFound(path.into()).into()),
         }
     }
+    fn list_runs<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<crate::records::RunPage, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            self.session(caller, id)?;
+            match before {
+                Some(b) => Err(service::Error::RunNotFound { session: id.into(), run_id: b.into() }),
+                None => Ok(crate::records::RunPage { runs: vec![], next: Some(format!("{limit}")) }),
+            }
+        })
+    }
+    fn get_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<crate::records::RunRecord, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            self.session(caller, id)?;
+            Err(service::Error::RunNotFound { session: id.into(), run_id: run_id.into() })
+        })
+    }
     fn condition(&self) -> BoxFuture<'_, Condition> {
         Box::pin(async move {
             Condition {
@@ -352,6 +380,11 @@ fn error_cases() -> Vec<(service::Error, u16, &'static str)> {
         (session::Error::TokenMaxSessions(1).into(), 429, "max_sessions"),
         (session::Error::MaxSessions(1).into(), 429, "max_sessions"),
         (session::Error::TokenMaxRuns(1).into(), 429, "max_runs"),
+        (
+            session::Error::InsufficientStorage { free_mb: 1, held_mb: 2, wanted_mb: 3, policy: "p".into() }.into(),
+            507,
+            "insufficient_storage",
+        ),
         (session::Error::Workspace(std::io::Error::other("/srv/x")).into(), 500, "internal"),
         (run::Error::CodeTooLarge { len: 2, policy: "p".into(), max: 1 }.into(), 413, "code_too_large"),
         (run::Error::NulByte.into(), 400, "invalid_request"),
@@ -376,6 +409,7 @@ fn error_cases() -> Vec<(service::Error, u16, &'static str)> {
         (service::Error::UploadTooLarge { limit: 1 << 20 }, 413, "upload_too_large"),
         (service::Error::FileTooLarge { path: "p".into(), limit: 1 }, 413, "artifact_too_large"),
         (service::Error::ShuttingDown, 503, "unavailable"),
+        (service::Error::RunNotFound { session: "s".into(), run_id: "r".into() }, 404, "run_not_found"),
         (service::Error::Internal { context: "c".into(), error: "/srv/x".into() }, 500, "internal"),
     ]
 }
@@ -392,6 +426,8 @@ async fn every_service_error_is_its_status_and_code_in_the_envelope() {
         (Method::GET, "/v1/sessions/s1/files"),
         (Method::GET, "/v1/sessions/s1/files/a.txt"),
         (Method::DELETE, "/v1/sessions/s1/run"),
+        (Method::GET, "/v1/sessions/s1/runs"),
+        (Method::GET, "/v1/sessions/s1/runs/0123456789abcdef0123456789abcdef"),
     ];
     for (method, uri) in &routes {
         for (error, status, code) in error_cases() {

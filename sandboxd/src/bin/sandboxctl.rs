@@ -96,6 +96,19 @@ enum SessionsCommand {
     },
     /// Show one session.
     Show { id: String },
+    /// List a session's runs, newest first: id, status, language, when accepted,
+    /// milliseconds taken.
+    Runs {
+        id: String,
+        /// How many (1 to 100).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Only runs older than this run id (the last one printed).
+        #[arg(long)]
+        before: Option<String>,
+    },
+    /// Show one run of a session as JSON: its code, status, timestamps and result.
+    Run { id: String, run_id: String },
     /// Close a session: kill its run and remove its files.
     Rm { id: String },
 }
@@ -242,6 +255,21 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                     println!("{}", s.id);
                 }
                 SessionsCommand::Show { id } => print_json(&client.get_session(&id).await?),
+                SessionsCommand::Runs { id, limit, before } => {
+                    for r in client.list_runs(&id, before.as_deref(), limit).await?.runs {
+                        let status = serde_json::to_value(r.status).ok();
+                        let language = serde_json::to_value(r.language).ok();
+                        println!(
+                            "{}\t{}\t{}\t{}\t{}",
+                            r.run_id,
+                            status.as_ref().and_then(|v| v.as_str()).unwrap_or("?"),
+                            language.as_ref().and_then(|v| v.as_str()).unwrap_or("?"),
+                            r.accepted_at,
+                            r.duration_ms.map(|d| d.to_string()).unwrap_or_else(|| "-".into())
+                        );
+                    }
+                }
+                SessionsCommand::Run { id, run_id } => print_json(&client.get_run(&id, &run_id).await?),
                 SessionsCommand::Rm { id } => {
                     client.close_session(&id).await?;
                 }
