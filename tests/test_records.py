@@ -105,6 +105,35 @@ def test_records_are_bounded_and_keep_the_start_of_long_code_and_output(daemon):
         c.delete(f"/v1/sessions/{sid}")
 
 
+def test_a_record_stays_readable_whatever_names_and_bytes_the_run_chose(daemon):
+    """Control bytes take 6 bytes each as JSON, and a run may make 100 artifacts with
+    names near PATH_MAX: the record keeps fewer artifacts rather than become too large
+    to read back (which would make the run vanish from its session)."""
+    code = r"""
+import os
+name = '\x01' * 250
+for i in range(100):
+    d = os.path.join(*([name] * 14), str(i))
+    os.makedirs(d)
+    open(os.path.join(d, name), 'w').close()
+print('\x01' * 60000)
+"""
+    with daemon.http() as c:
+        sid = new_session(c)
+        result = c.post(f"/v1/sessions/{sid}/runs", json={"code": code}).json()
+        assert result["status"] == "ok" and len(result["artifacts"]) == 100, result["stderr"]
+        rec = c.get(f"/v1/sessions/{sid}/runs/{result['run_id']}")
+        assert rec.status_code == 200, rec.text
+        rec = rec.json()
+        assert rec["status"] == "ok" and rec["artifacts_cut"] is True
+        assert 0 < len(rec["result"]["artifacts"]) < 100
+        assert rec["result"]["artifacts"] == result["artifacts"][: len(rec["result"]["artifacts"])]
+        assert [r["run_id"] for r in runs_of(c, sid)["runs"]] == [result["run_id"]]
+        stored = next((daemon.state / "sessions" / sid / "runs").iterdir())
+        assert stored.stat().st_size <= 1024 * 1024
+        c.delete(f"/v1/sessions/{sid}")
+
+
 def test_another_token_sees_no_record(fresh_daemon):
     d = fresh_daemon(tokens=["tok-a", "tok-b"])
     with d.http("tok-a") as a, d.http("tok-b") as b, d.uds() as operator:
@@ -167,6 +196,8 @@ def test_the_first_cell_after_a_restart_says_the_kernel_was_restarted(fresh_daem
     with d.http() as c:
         used = new_session(c, id="used", mode="kernel")
         unused = new_session(c, id="unused", mode="kernel")
+        # A shell run in a kernel session starts no kernel.
+        assert c.post(f"/v1/sessions/{unused}/runs", json={"code": "true", "language": "shell"}).json()["status"] == "ok"
         assert c.post(f"/v1/sessions/{used}/runs", json={"code": "x = 41"}).json()["kernel_restarted"] is False
         assert c.post(f"/v1/sessions/{used}/runs", json={"code": "x + 1"}).json()["result"]["text/plain"] == "42"
     d.proc.kill()
@@ -191,17 +222,18 @@ def test_the_first_cell_after_a_restart_says_the_kernel_was_restarted(fresh_daem
 
 
 BIG_POLICY = TEST_POLICY.replace("workspace_mb = 16", "workspace_mb = 400")
+SMALL_BIG_POLICY = TEST_POLICY  # workspace_mb = 16, the least a policy may say
 
 
 def test_a_session_the_state_filesystem_cannot_hold_is_refused_with_507():
     base = scratch_dir("storage-")
     state = base / "d" / "state"
     state.mkdir(parents=True)
-    # Each session may take its workspace_mb and 8 MiB of run records: 700 MiB (the
-    # daemon wants 512 MiB free to start) holds one `big` session (400 + 8) and a
-    # `tiny` one (16 + 8), not two `big` ones.
+    # Each session may take its workspace_mb and 9 MiB of run records: 700 MiB (the
+    # daemon wants 512 MiB free to start) holds one `big` session (400 + 9) and a
+    # `tiny` one (16 + 9), not two `big` ones.
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m,mode=0711", "sandboxd-test-507", str(state)], check=True)
-    d = Daemon(base / "d", policies={"big": BIG_POLICY})
+    d = Daemon(base / "d", policies={"big": BIG_POLICY, "big2": BIG_POLICY})
     try:
         d.start()
         with d.http() as c:
@@ -215,11 +247,19 @@ def test_a_session_the_state_filesystem_cannot_hold_is_refused_with_507():
             # Nothing was made for the refused ones.
             assert [s["id"] for s in c.get("/v1/sessions").json()] == [first]
             assert sorted(p.name for p in (state / "sessions").iterdir()) == [first]
+        # The session's image keeps its size when its policy's workspace_mb shrinks:
+        # that size is what counts.
+        d.stop()
+        (d.policies / "big.toml").write_text(SMALL_BIG_POLICY)
+        d.start()
+        with d.http() as c:
+            r = c.post("/v1/sessions", json={"id": "second", "policy": "big2"})
+            assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), r.text
             # A smaller workspace still fits; closing one frees its room.
             small = new_session(c, policy="tiny")
             assert c.post(f"/v1/sessions/{small}/runs", json={"code": "print('fits')"}).json()["stdout"] == "fits\n"
             assert c.delete(f"/v1/sessions/{first}").status_code == 200
-            assert new_session(c, id="second", policy="big") == "second"
+            assert new_session(c, id="second", policy="big2") == "second"
     finally:
         d.stop()
         subprocess.run(["umount", str(state)], check=False)

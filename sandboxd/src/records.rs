@@ -36,9 +36,12 @@ pub const MAX_BYTES: u64 = 8 * 1024 * 1024;
 pub const KEPT_CODE: usize = 256 * 1024;
 /// Bytes of each of a run's output streams a record keeps.
 pub const KEPT_OUTPUT: usize = 64 * 1024;
-/// Largest record file read back (a record is at most about `KEPT_CODE` +
-/// 2 × `KEPT_OUTPUT` + the artifacts' list).
-const MAX_FILE: u64 = 2 * 1024 * 1024;
+/// Largest record, as stored (JSON): a record past it keeps fewer artifacts, then
+/// less output, then less code ([`RunRecord::fit`]).
+pub const MAX_RECORD: usize = 1024 * 1024;
+/// Room on disk a session's records may take: [`MAX_BYTES`], and the newest record
+/// past it until the next run begins.
+pub const RESERVE: u64 = MAX_BYTES + MAX_RECORD as u64;
 /// Most records a page holds.
 pub const MAX_PAGE: usize = 100;
 /// Records a page holds when the caller does not say.
@@ -90,10 +93,12 @@ pub struct RunRecord {
     pub code: String,
     pub code_truncated: bool,
     /// The result its caller got, with only the first 64 KiB of each output stream
-    /// (`output_cut` says when the record holds less than the caller got); null
-    /// until the run ends, and for `interrupted` and `failed`.
+    /// (`output_cut` says when the record holds less than the caller got) and, in
+    /// a record that would take more than 1 MiB, fewer artifacts (`artifacts_cut`);
+    /// null until the run ends, and for `interrupted` and `failed`.
     pub result: Option<RunResult>,
     pub output_cut: bool,
+    pub artifacts_cut: bool,
     /// Why the daemon could not run it (`failed`), or what cut it off (`interrupted`).
     pub error: Option<String>,
 }
@@ -135,7 +140,38 @@ impl RunRecord {
             code_truncated,
             result: None,
             output_cut: false,
+            artifacts_cut: false,
             error: None,
+        }
+    }
+
+    /// The record as stored: JSON of at most [`MAX_RECORD`] bytes. Escapes can make
+    /// the text take up to 6 times its bytes, and the artifacts' list has no bound
+    /// of its own: past the limit, the record keeps half its artifacts, then half
+    /// its output, then half its code, until it fits (and says so).
+    fn encode(&self) -> io::Result<Vec<u8>> {
+        let mut record = std::borrow::Cow::Borrowed(self);
+        loop {
+            let bytes = serde_json::to_vec(&*record).map_err(io::Error::other)?;
+            if bytes.len() <= MAX_RECORD {
+                return Ok(bytes);
+            }
+            let r = record.to_mut();
+            let result = r.result.as_mut();
+            if let Some(res) = result.filter(|res| !res.artifacts.is_empty()) {
+                res.artifacts.truncate(res.artifacts.len() / 2);
+                r.artifacts_cut = true;
+            } else if let Some(res) = r.result.as_mut().filter(|res| !res.stdout.is_empty() || !res.stderr.is_empty()) {
+                res.stdout = cut(&res.stdout, res.stdout.len() / 2).0;
+                res.stderr = cut(&res.stderr, res.stderr.len() / 2).0;
+                r.output_cut = true;
+            } else if !r.code.is_empty() {
+                r.code = cut(&r.code, r.code.len() / 2).0;
+                r.code_truncated = true;
+            } else {
+                // Nothing the run chose is left to cut: the rest is the daemon's own.
+                return Ok(bytes);
+            }
         }
     }
 
@@ -297,16 +333,32 @@ impl Records {
         Ok(())
     }
 
+    /// The record in file `name`; `None` if it was pruned since it was listed. A
+    /// file that is no record (the daemon writes none past [`MAX_RECORD`]) is
+    /// `InvalidData`.
     fn read(&self, name: &str) -> io::Result<Option<RunRecord>> {
         let file = match fs::File::open(self.dir.join(name)) {
             Ok(f) => f,
-            // Pruned since it was listed.
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
         let mut bytes = vec![];
-        file.take(MAX_FILE).read_to_end(&mut bytes)?;
-        Ok(serde_json::from_slice(&bytes).ok())
+        file.take(MAX_RECORD as u64 + 1).read_to_end(&mut bytes)?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: not a run record: {e}")))
+    }
+
+    /// [`Records::read`] for a walk over many: a file that is no record is logged
+    /// and passed over.
+    fn read_listed(&self, name: &str) -> io::Result<Option<RunRecord>> {
+        match self.read(name) {
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "passing over an unreadable run record");
+                Ok(None)
+            }
+            other => other,
+        }
     }
 
     /// The record of run `run_id`, if the session still has it.
@@ -336,7 +388,7 @@ impl Records {
         let mut runs = vec![];
         let mut rest = entries.iter().skip(start);
         for (_, _, name) in rest.by_ref() {
-            if let Some(record) = self.read(name)? {
+            if let Some(record) = self.read_listed(name)? {
                 runs.push(record.summary());
                 if runs.len() == limit {
                     break;
@@ -352,7 +404,7 @@ impl Records {
     pub fn interrupt_running(&self) -> io::Result<usize> {
         let mut n = 0;
         for (_, _, name) in self.entries()? {
-            if let Some(mut record) = self.read(&name)? {
+            if let Some(mut record) = self.read_listed(&name)? {
                 if record.status == RecordStatus::Running {
                     record.status = RecordStatus::Interrupted;
                     record.error = Some("the daemon stopped while the run was going: it has no result".into());
@@ -363,16 +415,11 @@ impl Records {
         }
         Ok(n)
     }
-
-    /// Whether the session has any record.
-    pub fn any(&self) -> bool {
-        self.entries().is_ok_and(|e| !e.is_empty())
-    }
 }
 
 /// Write `record` to `path` through a temporary file and a rename (0600).
 fn write_atomic(path: &Path, record: &RunRecord) -> io::Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
+    let bytes = record.encode()?;
     let tmp = path.with_extension("tmp");
     let _ = fs::remove_file(&tmp);
     let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
@@ -462,6 +509,39 @@ mod tests {
         assert_eq!(records.entries().unwrap().last().unwrap().1, id(299));
         let newest = records.get(&id(299)).unwrap().unwrap();
         assert_eq!(newest.result.unwrap().stdout.len(), KEPT_OUTPUT);
+    }
+
+    #[test]
+    fn a_record_fits_in_its_bound_whatever_its_text_escapes_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = Records::of(dir.path());
+        // Control bytes take 6 bytes each as JSON; 100 artifacts of long such names.
+        let nasty = "\u{1}".repeat(4000);
+        let mut r = result(&"\u{1}".repeat(KEPT_OUTPUT));
+        r.stderr = r.stdout.clone();
+        r.artifacts = (0..100)
+            .map(|i| crate::run::Artifact {
+                path: format!("{nasty}{i}"),
+                size_bytes: 1,
+                mime_type: "text/plain".into(),
+                kind: crate::run::ArtifactKind::File,
+                url: format!("http://x/{}", "%01".repeat(4000)),
+            })
+            .collect();
+        let mut p = records.begin(RunRecord::accepted(&id(1), Language::Python, Mode::Script, &nasty)).unwrap();
+        p.record.ended(Ok(&r));
+        records.finish(&p).unwrap();
+        let stored = fs::metadata(&p.path).unwrap().len();
+        assert!(stored <= MAX_RECORD as u64, "{stored}");
+        let got = records.get(&id(1)).unwrap().unwrap();
+        let kept = got.result.unwrap();
+        assert!(got.artifacts_cut && !kept.artifacts.is_empty() && kept.artifacts.len() < 100);
+        assert_eq!(kept.stdout.len(), KEPT_OUTPUT, "the output stays whole once the artifacts fit");
+        // A file that is no record is an error for the one asking for it, and is
+        // passed over by a listing.
+        fs::write(&p.path, b"{").unwrap();
+        assert_eq!(records.get(&id(1)).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(records.page(None, 10).unwrap().unwrap().runs.len(), 0);
     }
 
     #[test]

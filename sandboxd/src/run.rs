@@ -368,9 +368,9 @@ async fn execute_cell(
     let run_id = run_id.to_string();
     let started = std::time::Instant::now();
     let (existing, fresh) = lease_kernel(ctx, lease).await?;
-    // The session's kernel from before a daemon restart is gone, with its variables:
-    // the first cell in a new one says so.
-    let lost = fresh && ctx.sessions.take_kernel_lost(&lease.id);
+    if fresh {
+        ctx.sessions.mark_kernel_started(&lease.id);
+    }
     let snapshot = snapshot(lease).await?;
     tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "cell code");
@@ -382,6 +382,9 @@ async fn execute_cell(
     };
     let grace = Duration::from_secs(policy.grace_s.max(1));
     let (kernel, end) = existing.exec(&cell, timeout, grace, lease.cancel.clone(), chunks).await;
+    // The session's kernel from before a daemon restart is gone, with its variables:
+    // the first cell that ran in a new one says so.
+    let lost = fresh && ctx.sessions.take_kernel_lost(&lease.id);
     if let Some(k) = kernel {
         ctx.sessions.kernels.put(&lease.id, k).await;
     }

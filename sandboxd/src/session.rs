@@ -18,7 +18,7 @@ use crate::records::Records;
 use crate::storage;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -225,6 +225,9 @@ pub struct Opened {
     pub hold: Use,
 }
 
+/// In a session's directory: the session has had a kernel (so a restart lost one).
+const KERNEL_STARTED: &str = "kernel-started";
+
 /// Longest a create of a key waits for that key's teardown to end.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(60);
 
@@ -352,6 +355,16 @@ impl Manager {
     /// The run records of the session with this key (they go with its directory).
     pub fn records(&self, key: &str) -> Records {
         Records::of(&self.session_dir(key))
+    }
+
+    /// Note on disk that session `key` has had a kernel (its variables would be lost
+    /// with the daemon: see [`Manager::take_kernel_lost`]).
+    pub fn mark_kernel_started(&self, key: &str) {
+        let mark = self.session_dir(key).join(KERNEL_STARTED);
+        let made = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(&mark);
+        if let Err(e) = made {
+            tracing::warn!(session_id = %key, error = %e, "could not note that the session's kernel started");
+        }
     }
 
     /// Whether session `key`'s kernel went with an earlier daemon and no cell has
@@ -556,21 +569,23 @@ impl Manager {
     /// Refuse a new session of `policy` when the state directory's filesystem could
     /// not hold every session's workspace filled up (images are sparse: each can
     /// still grow by its size less what it already takes), this one included, with
-    /// each session's run records ([`crate::records::MAX_BYTES`]).
+    /// each session's run records ([`crate::records::RESERVE`]).
     fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
         // A filesystem that cannot say (or a failure to ask) refuses nothing.
         let Ok(fs) = nix::sys::statvfs::statvfs(&self.dir) else { return Ok(()) };
         let free = fs.blocks_available().saturating_mul(fs.fragment_size());
-        let per_session = crate::records::MAX_BYTES;
+        let per_session = crate::records::RESERVE;
         let held: u64 = map
             .iter()
             .filter(|(_, l)| l.phase != Phase::Closing)
             .map(|(key, l)| {
-                let size = self.policies.get(&l.info.policy).map(|p| p.workspace_bytes()).unwrap_or(0);
-                let taken = std::fs::metadata(self.session_dir(key).join(storage::IMAGE))
-                    .map(|m| std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
-                    .unwrap_or(0);
-                size.saturating_sub(taken).saturating_add(per_session)
+                // The image's own size (its policy may have changed since it was
+                // made), less what it already takes; one not made yet, its policy's.
+                let room = match std::fs::metadata(self.session_dir(key).join(storage::IMAGE)) {
+                    Ok(m) => m.len().saturating_sub(std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512)),
+                    Err(_) => self.policies.get(&l.info.policy).map(|p| p.workspace_bytes()).unwrap_or(0),
+                };
+                room.saturating_add(per_session)
             })
             .sum();
         let wanted = policy.workspace_bytes().saturating_add(per_session);
@@ -794,8 +809,8 @@ impl Manager {
                         }
                     }
                     let mut live = Live::new(info, last_used, Phase::Ready);
-                    // A kernel session that ran a cell had a kernel; it is gone.
-                    live.kernel_lost = live.info.mode == Mode::Kernel && records.any();
+                    // A kernel session whose kernel ever started had variables: gone.
+                    live.kernel_lost = live.info.mode == Mode::Kernel && path.join(KERNEL_STARTED).exists();
                     self.lock().insert(key_of(&live.info), live);
                     taken += 1;
                 }
