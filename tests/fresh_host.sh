@@ -130,7 +130,7 @@ service_loops() {
   done
 }
 boot_systemd() {
-  local log="$base/systemd-boot.log" point own dir state out sid loops deadline keep_unit=() scope=()
+  local log="$base/systemd-boot.log" point own dir child state out sid loops deadline keep_unit=() scope=()
   # The host side as a user's machine has it: a user in the sandboxd group. The
   # state `make run` left (its unpacked rootfs) goes, so that the service unpacks
   # the rootfs itself as on a first install; the rootfs tarball stays (the unit's
@@ -180,8 +180,12 @@ INIT
   ) >"$log" 2>&1 </dev/null &
   nspawn_pid=$!
   deadline=$(( $(date +%s) + 120 ))
+  # The container's PID 1 is the child of nspawn in another PID namespace (nspawn's
+  # first child, in this one, only sets up and exits).
   until [ -n "$container_pid" ]; do
-    container_pid=$(cat "/proc/$nspawn_pid/task/$nspawn_pid/children" 2>/dev/null | cut -d' ' -f1) || true
+    for child in $(cat "/proc/$nspawn_pid/task/$nspawn_pid/children" 2>/dev/null); do
+      [ "$(readlink "/proc/$child/ns/pid")" = "$(readlink /proc/self/ns/pid)" ] || container_pid=$child
+    done
     kill -0 "$nspawn_pid" 2>/dev/null || { tail -20 "$log" >&2; fail "systemd-nspawn ended (log $log)"; }
     [ "$(date +%s)" -lt "$deadline" ] || fail "systemd-nspawn started no container within 2 minutes (log $log)"
     sleep 1
