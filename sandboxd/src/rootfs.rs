@@ -201,6 +201,16 @@ fn make_image(tarball: &Path, dir: &Path, image: &Path, expected: &str) -> Resul
     placed
 }
 
+/// `e` with the error it wraps, if any, in its text: the tar crate's errors name
+/// the entry and keep the system's answer (EPERM, ENOSPC...) as their source.
+fn with_cause(e: io::Error) -> io::Error {
+    let cause = e.get_ref().and_then(|inner| inner.source()).map(|c| c.to_string());
+    match cause {
+        Some(c) => io::Error::new(e.kind(), format!("{e}: {c}")),
+        None => e,
+    }
+}
+
 fn unpack(tarball: &Path, partial: &Path, expected: &str) -> Result<(), Error> {
     tracing::info!(tarball = %tarball.display(), "unpacking the rootfs (once)");
     let file = fs::File::open(tarball).map_err(|e| Error::Read(tarball.into(), e))?;
@@ -208,7 +218,10 @@ fn unpack(tarball: &Path, partial: &Path, expected: &str) -> Result<(), Error> {
     let result = (|| -> io::Result<()> {
         let decoder = zstd::stream::read::Decoder::new(&mut hashing)?;
         let mut archive = tar::Archive::new(decoder);
-        archive.set_preserve_permissions(true);
+        // Modes without setuid/setgid/sticky bits: nothing in a sandbox may gain
+        // privileges from a file (the image is mounted nosuid too), and the unit's
+        // RestrictSUIDSGID= forbids the daemon to make such files at all.
+        archive.set_preserve_permissions(false);
         archive.set_preserve_ownerships(true);
         archive.set_unpack_xattrs(false);
         fs::create_dir(partial)?;
@@ -217,7 +230,7 @@ fn unpack(tarball: &Path, partial: &Path, expected: &str) -> Result<(), Error> {
         io::copy(&mut hashing, &mut io::sink())?;
         Ok(())
     })();
-    result.map_err(|e| Error::Unpack(tarball.into(), e))?;
+    result.map_err(|e| Error::Unpack(tarball.into(), with_cause(e)))?;
     let actual = hex(&hashing.hasher.finalize());
     if actual != expected {
         return Err(Error::HashMismatch { path: tarball.into(), expected: expected.into(), actual });
