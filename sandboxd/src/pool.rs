@@ -251,6 +251,7 @@ impl Pool {
         cancel: watch::Receiver<bool>,
     ) -> Result<Result<isolate::Outcome, isolate::Error>, Fallback> {
         let oom_before = template.oom_kills();
+        let baseline = template.baseline();
         let started = async {
             let forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
             template.attach(&forked, job.workspace, job.owner_uid).await?;
@@ -260,7 +261,7 @@ impl Pool {
         .await;
         match started {
             Ok(running) => {
-                let outcome = template.finish(running, bounds, chunks, cancel).await;
+                let outcome = template.finish(running, bounds, chunks, cancel, &baseline).await;
                 {
                     let mut st = self.lock();
                     *st.recycling.entry(policy.name.clone()).or_default() += 1;
@@ -275,6 +276,10 @@ impl Pool {
                         _ if template.served() >= policy.template_runs => {
                             template.destroy().await;
                             Err(isolate::Error::Retired(policy.template_runs))
+                        }
+                        _ if template.pids_spent() => {
+                            template.destroy().await;
+                            Err(isolate::Error::PidsSpent(isolate::PIDS_KEEP))
                         }
                         Some(library) => template.recycle(oom_before, &plan::child_spec(&policy), library).await,
                         None => Err(isolate::Error::NoStatus),

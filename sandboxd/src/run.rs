@@ -112,6 +112,8 @@ pub struct RunResult {
     pub duration_ms: u64,
     pub artifacts: Vec<Artifact>,
     pub artifacts_truncated: bool,
+    /// What the run used, measured over this run alone.
+    pub usage: isolate::RunUsage,
     /// Kernel sessions only: `result`, `exception`, `kernel_restarted` (the
     /// OpenAPI document lists them as optional properties of `RunResult`).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -283,6 +285,7 @@ pub async fn execute(
         duration_ms: outcome.duration.as_millis() as u64,
         artifacts,
         artifacts_truncated,
+        usage: outcome.usage,
         kernel: None,
     };
     tracing::info!(
@@ -290,7 +293,9 @@ pub async fn execute(
         session_id = %lease.id,
         status = ?result.status,
         duration_ms = result.duration_ms,
-        memory_peak_bytes = outcome.memory_peak_bytes,
+        cpu_ms = outcome.usage.cpu_ms,
+        memory_peak_bytes = outcome.usage.memory_peak_bytes,
+        pids_peak = outcome.usage.pids_peak,
         "run finished"
     );
     Ok(result)
@@ -388,10 +393,12 @@ async fn execute_cell(
         duration_ms: started.elapsed().as_millis() as u64,
         artifacts,
         artifacts_truncated,
+        usage: isolate::RunUsage::default(),
         kernel: Some(KernelFields { result: None, exception: None, kernel_restarted: false }),
     };
     match end {
-        kernel::CellEnd::Done { reply, interrupted } => {
+        kernel::CellEnd::Done { reply, interrupted, usage } => {
+            result.usage = usage;
             result.status = Ending {
                 timed_out: interrupted,
                 oom_killed: false,
@@ -411,7 +418,8 @@ async fn execute_cell(
                 kernel_restarted: false,
             });
         }
-        kernel::CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr } => {
+        kernel::CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr, usage } => {
+            result.usage = usage;
             // How it ended comes from the daemon's timer and the cgroup; a protocol
             // violation is the daemon's own finding.
             let oom = outcome.as_ref().is_some_and(|o| o.oom_killed);
@@ -441,7 +449,16 @@ async fn execute_cell(
             result.kernel = Some(KernelFields { result: None, exception: None, kernel_restarted: true });
         }
     }
-    tracing::info!(run_id = %run_id, session_id = %lease.id, status = ?result.status, duration_ms = result.duration_ms, "cell finished");
+    tracing::info!(
+        run_id = %run_id,
+        session_id = %lease.id,
+        status = ?result.status,
+        duration_ms = result.duration_ms,
+        cpu_ms = result.usage.cpu_ms,
+        memory_peak_bytes = result.usage.memory_peak_bytes,
+        pids_peak = result.usage.pids_peak,
+        "cell finished"
+    );
     Ok(result)
 }
 

@@ -505,6 +505,7 @@ mod tests {
                 url: "http://x/a.png".into(),
             }],
             artifacts_truncated: false,
+            usage: crate::isolate::RunUsage { cpu_ms: Some(12), memory_peak_bytes: Some(1 << 20), pids_peak: None },
             kernel: None,
         };
         let value = serde_json::to_value(&script).unwrap();
