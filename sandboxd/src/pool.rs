@@ -252,6 +252,7 @@ impl Pool {
     ) -> Result<Result<isolate::Outcome, isolate::Error>, Fallback> {
         let oom_before = template.oom_kills();
         let baseline = template.baseline();
+        let attach_began = std::time::Instant::now();
         let started = async {
             let forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
             template.attach(&forked, job.workspace, job.owner_uid).await?;
@@ -261,7 +262,11 @@ impl Pool {
         .await;
         match started {
             Ok(running) => {
-                let outcome = template.finish(running, bounds, chunks, cancel, &baseline).await;
+                let setup = attach_began.elapsed();
+                let outcome = template.finish(running, bounds, chunks, cancel, &baseline).await.map(|mut o| {
+                    o.setup = setup;
+                    o
+                });
                 {
                     let mut st = self.lock();
                     *st.recycling.entry(policy.name.clone()).or_default() += 1;

@@ -5,6 +5,7 @@
 use crate::artifacts::{self, Snapshot};
 use crate::isolate::{self, output::Chunk};
 use crate::kernel;
+use crate::metrics;
 use crate::plan;
 use crate::policy::Policy;
 use crate::pool;
@@ -80,6 +81,19 @@ pub enum Status {
     Killed,
 }
 
+impl Status {
+    /// Its name in results and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Oom => "oom",
+            Status::Killed => "killed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ArtifactKind {
@@ -113,6 +127,7 @@ pub struct RunResult {
     pub artifacts: Vec<Artifact>,
     pub artifacts_truncated: bool,
     /// What the run used, measured over this run alone.
+    #[serde(default)]
     pub usage: isolate::RunUsage,
     /// Kernel sessions only: `result`, `exception`, `kernel_restarted` (the
     /// OpenAPI document lists them as optional properties of `RunResult`).
@@ -232,10 +247,13 @@ pub async fn execute(
     };
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "run code");
+    let take_began = std::time::Instant::now();
     let pooled = match req.language {
         Language::Python => ctx.pool.take(&policy.name).await,
         Language::Shell => None,
     };
+    let pool_wait = take_began.elapsed();
+    let mut mode = metrics::Mode::Cold;
     let job =
         pool::Job { workspace: &lease.workspace, owner_uid: lease.uid, code: &req.code, run_id: &run_id, autosave };
     let served = match pooled {
@@ -243,7 +261,10 @@ pub async fn execute(
             let served =
                 ctx.pool.serve(template, policy, &job, &run.bounds(), chunks.clone(), lease.cancel.clone()).await;
             match served {
-                Ok(outcome) => Some(outcome),
+                Ok(outcome) => {
+                    mode = metrics::Mode::Pooled;
+                    Some(outcome)
+                }
                 Err(pool::Fallback(e)) => {
                     // Nothing ran yet: a cold sandbox takes the run instead.
                     tracing::warn!(run_id = %run_id, error = %e, "a pooled template could not take the run; using a cold sandbox");
@@ -288,6 +309,18 @@ pub async fn execute(
         usage: outcome.usage,
         kernel: None,
     };
+    let phases = match mode {
+        metrics::Mode::Pooled => {
+            metrics::Phases { queue: pool_wait, setup: outcome.setup, execution: outcome.duration }
+        }
+        _ => metrics::Phases {
+            queue: pool_wait + outcome.queue,
+            setup: outcome.setup,
+            execution: outcome.duration.saturating_sub(outcome.queue + outcome.setup),
+        },
+    };
+    let language = if req.language == Language::Shell { "shell" } else { "python" };
+    metrics::global().run_ended(mode, language, result.status.as_str(), &phases);
     tracing::info!(
         run_id = %run_id,
         session_id = %lease.id,
@@ -365,6 +398,8 @@ async fn execute_cell(
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let started = std::time::Instant::now();
     let existing = lease_kernel(ctx, lease).await?;
+    // Starting the kernel, when the session had none running.
+    let setup = started.elapsed();
     let snapshot = snapshot(lease).await?;
     tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "cell code");
@@ -449,6 +484,9 @@ async fn execute_cell(
             result.kernel = Some(KernelFields { result: None, exception: None, kernel_restarted: true });
         }
     }
+    let phases =
+        metrics::Phases { queue: Duration::ZERO, setup, execution: started.elapsed().saturating_sub(setup) };
+    metrics::global().run_ended(metrics::Mode::Kernel, "python", result.status.as_str(), &phases);
     tracing::info!(
         run_id = %run_id,
         session_id = %lease.id,

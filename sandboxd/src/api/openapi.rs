@@ -21,6 +21,7 @@ use utoipa::OpenApi;
     ),
     paths(
         super::health,
+        super::metrics,
         super::runs::create_run,
         super::runs::session_run,
         super::sessions::create,
@@ -73,6 +74,7 @@ fn error_description(status: u16) -> &'static str {
 /// 408 for bodies) can refuse it with.
 pub const ERRORS: &[(&str, &[u16])] = &[
     ("health", &[]),
+    ("metrics", &[401]),
     ("check_host", &[401]),
     ("list_policies", &[401]),
     ("run", &[400, 401, 404, 408, 409, 413, 415, 429, 503]),

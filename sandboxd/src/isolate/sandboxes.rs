@@ -76,7 +76,11 @@ impl Sandboxes {
     }
 
     async fn give_back(&self, mut s: slot::Slot) {
-        if s.alive() {
+        // The cgroup's task peak cannot be reset: a slot that held more tasks than
+        // a run may count over its own (a template's, a busy run's) is replaced, so
+        // the next run there counts its own (see [`super::RunUsage::pids_peak`]).
+        let spent = s.cg.pids_peak().is_some_and(|n| n > 1 + PIDS_KEEP);
+        if s.alive() && !spent {
             let mut idle = self.lock();
             if idle.len() < self.max_idle {
                 idle.push(s);
@@ -129,6 +133,7 @@ impl Sandboxes {
         if let Some(tx) = cgroup_tx {
             let _ = tx.send(slot.cg.clone());
         }
+        let queue = started.elapsed();
         tracing::debug!(run_id = %run.id, slot = %slot.id, elapsed_us = started.elapsed().as_micros() as u64, "slot taken");
         // Only the slot's own process is there: none of it is the run's.
         let baseline = Baseline::take(&slot.cg, 0);
@@ -145,20 +150,18 @@ impl Sandboxes {
         };
         tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox ended");
         let usage = self.end(slot, &baseline).await;
-        Ok(result?.complete(usage))
+        let mut outcome = result?.complete(usage);
+        outcome.setup = outcome.setup.saturating_sub(queue);
+        outcome.queue = queue;
+        Ok(outcome)
     }
 
     /// After a run: kill whatever is left in the slot, read what the run used, and
-    /// give the slot back; or replace it when the run raised its task peak (which
-    /// the kernel cannot reset) past [`PIDS_KEEP`], so later runs there count theirs.
+    /// give the slot back.
     async fn end(&self, slot: slot::Slot, baseline: &Baseline) -> Usage {
         slot.cg.kill_except(slot.pid());
         let usage = baseline.usage(&slot.cg);
-        if usage.run.pids_peak.is_some_and(|n| n > PIDS_KEEP) {
-            destroy(slot).await;
-        } else {
-            self.give_back(slot).await;
-        }
+        self.give_back(slot).await;
         usage
     }
 

@@ -90,6 +90,10 @@ pub struct Outcome {
     pub stderr: Captured,
     pub warnings: Vec<String>,
     pub usage: RunUsage,
+    /// Of `duration`: waiting for a slot (a cold run), and from then until the
+    /// program started (a cold run's set-up; a pooled run's attach is timed by the pool).
+    pub queue: Duration,
+    pub setup: Duration,
 }
 
 /// What one run used, from its sandbox's cgroup, as run results report it.
@@ -118,11 +122,12 @@ pub struct RunUsage {
     /// kernel's `pids.peak` cannot be reset, so this is the cgroup's peak at the
     /// end minus the tasks present before the run that are not its own: exact for
     /// a run that set a new peak, otherwise at most the sandbox's earlier peak. A
-    /// cold slot or a pooled template whose run counted more than
-    /// [`PIDS_KEEP`] is replaced, so a later run there counts at most that many
-    /// too many; a kernel session keeps its kernel, and its later cells count at
-    /// least the busiest earlier cell until the kernel restarts. Null when the
-    /// kernel does not report `pids.peak` (before Linux 6.1).
+    /// cold slot whose peak passed [`PIDS_KEEP`] tasks besides its own process,
+    /// and a pooled template whose run counted more than that, are replaced, so a
+    /// later run there counts at most [`PIDS_KEEP`]; a kernel session keeps its
+    /// kernel, and its later cells count at least the busiest earlier cell until
+    /// the kernel restarts. Null when the kernel does not report `pids.peak`
+    /// (before Linux 6.1).
     pub pids_peak: Option<u64>,
 }
 
@@ -193,6 +198,8 @@ pub struct Ended {
     stdout: Captured,
     stderr: Captured,
     warnings: Vec<String>,
+    /// When the sandbox's init said it started, after the run's start.
+    init_started: Option<Duration>,
 }
 
 impl Ended {
@@ -209,6 +216,8 @@ impl Ended {
             stderr: self.stderr,
             warnings: self.warnings,
             usage: usage.run,
+            queue: Duration::ZERO,
+            setup: self.init_started.unwrap_or_default(),
         }
     }
 }
@@ -356,6 +365,7 @@ pub async fn drive(
     let mut cancelled = false;
     let mut term_sent_at: Option<Instant> = None;
     let mut final_event: Option<Event> = None;
+    let mut init_started = None;
 
     loop {
         let grace_left = term_sent_at.map(|t| run.grace.saturating_sub(t.elapsed()));
@@ -365,6 +375,7 @@ pub async fn drive(
                 Ok(Event::Started { init_pid: pid }) => {
                     tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
                     sandbox.init_pid = Some(pid);
+                    init_started = Some(started.elapsed());
                     if let Some(tx) = started_tx.take() {
                         let _ = tx.send(pid);
                     }
@@ -451,5 +462,6 @@ pub async fn drive(
         stdout,
         stderr,
         warnings: std::mem::take(&mut sandbox.warnings),
+        init_started,
     })
 }
