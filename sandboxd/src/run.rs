@@ -484,8 +484,7 @@ async fn execute_cell(
             result.kernel = Some(KernelFields { result: None, exception: None, kernel_restarted: true });
         }
     }
-    let phases =
-        metrics::Phases { queue: Duration::ZERO, setup, execution: started.elapsed().saturating_sub(setup) };
+    let phases = metrics::Phases { queue: Duration::ZERO, setup, execution: started.elapsed().saturating_sub(setup) };
     metrics::global().run_ended(metrics::Mode::Kernel, "python", result.status.as_str(), &phases);
     tracing::info!(
         run_id = %run_id,

@@ -3,7 +3,9 @@
 //! hybrid host, when mounted, adds a fourth that gives `cgroup.kill`.
 
 use super::CPU_PERIOD_US;
-use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, PidsFile, Version};
+use super::{
+    cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, PidsFile, Version,
+};
 use crate::mountinfo::Mount;
 use std::fs;
 use std::path::PathBuf;

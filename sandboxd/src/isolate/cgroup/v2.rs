@@ -1,7 +1,9 @@
 //! cgroup v2: one hierarchy, one directory per run, `cgroup.kill` always there.
 
 use super::CPU_PERIOD_US;
-use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, PidsFile, Version};
+use super::{
+    cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, PidsFile, Version,
+};
 use crate::mountinfo::Mount;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -104,7 +106,8 @@ impl Layout for V2 {
 
     fn cpu_usage_ns(&self, id: &str) -> Option<u64> {
         let text = fs::read_to_string(self.dir(id).join("cpu.stat")).ok()?;
-        let usec = text.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|v| v.trim().parse::<u64>().ok())?;
+        let usec =
+            text.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|v| v.trim().parse::<u64>().ok())?;
         Some(usec.saturating_mul(1000))
     }
 
