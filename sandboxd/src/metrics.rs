@@ -197,7 +197,7 @@ mod tests {
         };
         let text = m.render(&live);
         for line in [
-            "# TYPE sandboxd_runs counter",
+            "# TYPE sandboxd_runs_total counter",
             r#"sandboxd_runs_total{status="ok",language="python",mode="cold"} 2"#,
             r#"sandboxd_runs_total{status="oom",language="python",mode="kernel"} 1"#,
             "sandboxd_oom_kills_total 1",
@@ -207,7 +207,7 @@ mod tests {
             "sandboxd_pool_hits_total 7",
             "sandboxd_pool_misses_total 1",
             r#"sandboxd_sessions{mode="kernel"} 1"#,
-            r#"sandboxd_run_setup_seconds_bucket{le="0.05",mode="cold"} 2"#,
+            r#"sandboxd_run_setup_seconds_bucket{mode="cold",le="0.05"} 2"#,
             r#"sandboxd_run_execution_seconds_count{mode="cold"} 2"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");

@@ -13,7 +13,7 @@ use super::process::{children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pa
 use super::sandboxes::Sandboxes;
 use super::slot;
 use super::spec::{ChildSpec, SandboxSpec};
-use super::supervise::{drive, launch, run_ended, Baseline, Bounds, Done, Error, Launched, Outcome, PIDS_KEEP};
+use super::supervise::{drive, launch, run_ended, Baseline, Bounds, Done, Error, Launched, Outcome};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ pub struct PooledTemplate {
     /// Runs served so far (the pool retires a template after its policy's
     /// `template_runs`).
     served: u64,
-    /// A run counted more than [`PIDS_KEEP`] tasks: the template is replaced, as
+    /// A run counted more than [`super::PIDS_KEEP`] tasks: the template is replaced, as
     /// the cgroup's task peak cannot be reset for the next run.
     pids_spent: bool,
 }
@@ -300,7 +300,7 @@ impl PooledTemplate {
         // The run's process may wait for its socket to close: only now.
         drop((program, report));
         let usage = baseline.usage(&self.slot.cg);
-        if usage.run.pids_peak.is_some_and(|n| n > PIDS_KEEP) {
+        if usage.pids_spent {
             // The task peak cannot be reset: the next run here would count this one's.
             self.pids_spent = true;
         }
@@ -354,7 +354,7 @@ impl PooledTemplate {
         self.served
     }
 
-    /// Whether a run raised the cgroup's task peak past [`PIDS_KEEP`] (the
+    /// Whether a run raised the cgroup's task peak past [`super::PIDS_KEEP`] (the
     /// template is then replaced rather than recycled).
     pub fn pids_spent(&self) -> bool {
         self.pids_spent

@@ -123,8 +123,10 @@ pub struct RunUsage {
     /// end minus the tasks present before the run that are not its own: exact for
     /// a run that set a new peak, otherwise at most the sandbox's earlier peak. A
     /// cold slot whose peak passed [`PIDS_KEEP`] tasks besides its own process,
-    /// and a pooled template whose run counted more than that, are replaced, so a
-    /// later run there counts at most [`PIDS_KEEP`]; a kernel session keeps its
+    /// and a pooled template whose run raised its peak to more than that, are
+    /// replaced, so a later run there counts at most [`PIDS_KEEP`] more than its
+    /// own (a pooled run also counts the peak its template's own forks left, at
+    /// most 3: `print(1)` counts 3 to 6 there); a kernel session keeps its
     /// kernel, and its later cells count at least the busiest earlier cell until
     /// the kernel restarts. Null when the kernel does not report `pids.peak`
     /// (before Linux 6.1).
@@ -145,6 +147,8 @@ pub struct Baseline {
     peak: Option<std::fs::File>,
     /// Tasks present that are not the run's own.
     others: Option<u64>,
+    /// The cgroup's task peak so far.
+    pids_peak: Option<u64>,
 }
 
 impl Baseline {
@@ -158,6 +162,7 @@ impl Baseline {
             memory: cg.memory_current(),
             peak,
             others: cg.pids_current().map(|n| n.saturating_sub(own)),
+            pids_peak: cg.pids_peak(),
         }
     }
 
@@ -171,11 +176,19 @@ impl Baseline {
             (Some(file), Some(before)) => RunCgroup::peak_since_reset(file).map(|p| p.saturating_sub(before)),
             _ => None,
         };
-        let pids_peak = match (self.others, cg.pids_peak()) {
+        let peak_after = cg.pids_peak();
+        let pids_peak = match (self.others, peak_after) {
             (Some(others), Some(peak)) => Some(peak.saturating_sub(others)),
             _ => None,
         };
-        Usage { oom_killed: cg.oom_kills() > self.oom, run: RunUsage { cpu_ms, memory_peak_bytes, pids_peak } }
+        // The run set the cgroup's task peak past [`PIDS_KEEP`] of its own: a later
+        // run there would count this one's.
+        let pids_spent = peak_after > self.pids_peak && pids_peak.is_some_and(|n| n > PIDS_KEEP);
+        Usage {
+            oom_killed: cg.oom_kills() > self.oom,
+            pids_spent,
+            run: RunUsage { cpu_ms, memory_peak_bytes, pids_peak },
+        }
     }
 }
 
@@ -183,6 +196,8 @@ impl Baseline {
 #[derive(Debug, Clone, Copy)]
 pub struct Usage {
     pub oom_killed: bool,
+    /// The run raised the cgroup's task peak past [`PIDS_KEEP`] of its own.
+    pub pids_spent: bool,
     pub run: RunUsage,
 }
 
