@@ -41,7 +41,7 @@ def test_run_result_shape_and_new_session(daemon):
         assert r.status_code == 200
         res = r.json()
         assert set(res) == {"run_id", "session_id", "status", "exit_code", "signal", "stdout", "stderr",
-                            "stdout_truncated", "stderr_truncated", "duration_ms", "artifacts", "artifacts_truncated"}
+                            "stdout_truncated", "stderr_truncated", "duration_ms", "artifacts", "artifacts_truncated", "usage"}
         assert (res["status"], res["exit_code"], res["signal"]) == ("ok", 0, None)
         assert (res["stdout"], res["stderr"]) == ("out\n", "err\n")
         # The new session exists and the next run reuses it.

@@ -46,6 +46,10 @@ pub struct Settings {
     /// HTTP listen address; "off" disables HTTP.
     #[arg(long, env = "SANDBOXD_HTTP")]
     pub http: Option<String>,
+    /// A second HTTP listen address that serves only `GET /metrics`, without a
+    /// token (e.g. 127.0.0.1:9464 for a Prometheus scraper); default off.
+    #[arg(long, env = "SANDBOXD_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Base URL put in artifact links (default: http://<http address>).
     #[arg(long, env = "SANDBOXD_PUBLIC_URL")]
     pub public_url: Option<String>,
@@ -123,6 +127,8 @@ pub struct Config {
     pub socket_group: String,
     /// None: HTTP disabled.
     pub http: Option<SocketAddr>,
+    /// Serves only `GET /metrics`, without a token; None: off.
+    pub metrics_listen: Option<SocketAddr>,
     pub public_url: String,
     #[serde(serialize_with = "redact")]
     pub tokens: Vec<String>,
@@ -176,6 +182,7 @@ impl Config {
             socket,
             socket_group,
             http,
+            metrics_listen,
             public_url,
             tokens,
             state_dir,
@@ -205,6 +212,13 @@ impl Config {
             addr => Some(addr.parse::<SocketAddr>().map_err(|e| Error::Invalid {
                 key: "http",
                 reason: format!("`{addr}` is not an address like 127.0.0.1:8181 ({e}); use \"off\" to disable HTTP"),
+            })?),
+        };
+        let metrics_listen = match s.metrics_listen.as_deref().unwrap_or("off") {
+            "off" | "" => None,
+            addr => Some(addr.parse::<SocketAddr>().map_err(|e| Error::Invalid {
+                key: "metrics_listen",
+                reason: format!("`{addr}` is not an address like 127.0.0.1:9464 ({e}); use \"off\" to disable it"),
             })?),
         };
         let tokens: Vec<String> = s.tokens.unwrap_or_default().into_iter().filter(|t| !t.is_empty()).collect();
@@ -269,6 +283,7 @@ impl Config {
             socket: s.socket.unwrap_or_else(|| "/run/sandboxd/sandboxd.sock".into()),
             socket_group: s.socket_group.unwrap_or_else(|| "sandboxd".into()),
             http,
+            metrics_listen,
             public_url,
             tokens,
             state_dir: s.state_dir.unwrap_or_else(|| "/var/lib/sandboxd".into()),
@@ -348,6 +363,15 @@ mod tests {
     fn a_named_config_file_must_exist_and_parse() {
         let cli = Settings { config: Some("/nonexistent/sandboxd.toml".into()), ..Default::default() };
         assert!(Config::load(cli).unwrap_err().to_string().contains("/nonexistent/sandboxd.toml"));
+    }
+
+    #[test]
+    fn metrics_listen_is_off_by_default_and_checked() {
+        assert_eq!(Config::from_settings(Settings::default()).unwrap().metrics_listen, None);
+        let s = Settings { metrics_listen: Some("127.0.0.1:9464".into()), ..Default::default() };
+        assert_eq!(Config::from_settings(s).unwrap().metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let s = Settings { metrics_listen: Some("nonsense".into()), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`metrics_listen`"));
     }
 
     #[test]

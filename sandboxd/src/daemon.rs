@@ -157,7 +157,15 @@ async fn serve(config: Config) -> Result<(), Error> {
         tracing::info!(addr = %bound, "listening on HTTP");
         let surface = Surface::http(bound, &config.public_url, body_timeout).draining(state.shutdown.clone());
         let app = api::router(state.clone(), surface);
-        serve_until_stopped(&mut servers, tcp, "http", app, limits, stop_rx.clone());
+        serve_until_stopped(&mut servers, tcp, "http", app, limits.clone(), stop_rx.clone());
+    }
+    if let Some(addr) = config.metrics_listen {
+        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
+        let bound = tcp.local_addr().map_err(|e| Error::Listen(addr.to_string(), e))?;
+        tracing::info!(addr = %bound, "serving GET /metrics without a token");
+        let surface = Surface::http(bound, &config.public_url, body_timeout).draining(state.shutdown.clone());
+        let app = api::metrics_router(state.clone(), surface);
+        serve_until_stopped(&mut servers, tcp, "metrics", app, limits, stop_rx.clone());
     }
 
     let reaper = sessions.clone();

@@ -200,7 +200,8 @@ impl Cell {
 /// How a cell ended.
 pub enum CellEnd {
     /// The kernel answered; `interrupted` when that took the timeout's SIGINT.
-    Done { reply: CellReply, interrupted: bool },
+    /// `usage`: what the cell used (see [`isolate::RunUsage`]).
+    Done { reply: CellReply, interrupted: bool, usage: isolate::RunUsage },
     /// The kernel is gone (killed at the timeout, by the OOM killer, on request, or
     /// for breaking the protocol: `violation` says how). `stdout`/`stderr`: the
     /// cell's output until then.
@@ -211,6 +212,7 @@ pub enum CellEnd {
         outcome: Option<Outcome>,
         stdout: Kept,
         stderr: Kept,
+        usage: isolate::RunUsage,
     },
 }
 
@@ -220,6 +222,8 @@ pub struct Kernel {
     init_pid: i32,
     cancel: watch::Sender<bool>,
     task: JoinHandle<Result<Outcome, isolate::Error>>,
+    /// The kernel's sandbox's cgroup, where each cell is measured.
+    cgroup: Option<isolate::cgroup::RunCgroup>,
 }
 
 /// How sending a cell to the kernel ended.
@@ -261,10 +265,12 @@ impl Kernel {
         };
         let (cancel, cancel_rx) = watch::channel(false);
         let (started_tx, started_rx) = oneshot::channel();
+        let (cgroup_tx, mut cgroup_rx) = oneshot::channel();
         let sb = sandboxes.clone();
         let stdin = OwnedFd::from(theirs);
-        let mut task =
-            tokio::spawn(async move { sb.run_with_stdin(run, Some(stdin), None, cancel_rx, Some(started_tx)).await });
+        let mut task = tokio::spawn(async move {
+            sb.run_with_stdin(run, Some(stdin), None, cancel_rx, Some(started_tx), Some(cgroup_tx)).await
+        });
 
         let mut channel = Channel::new(stream, MAX_LINE);
         let ready = async {
@@ -285,7 +291,8 @@ impl Kernel {
             }),
         };
         match outcome {
-            Ok(init_pid) => Ok(Kernel { channel, init_pid, cancel, task }),
+            // The cgroup was sent before the sandbox started.
+            Ok(init_pid) => Ok(Kernel { channel, init_pid, cancel, task, cgroup: cgroup_rx.try_recv().ok() }),
             Err(e) => {
                 let _ = cancel.send(true);
                 let _ = task.await;
@@ -306,6 +313,8 @@ impl Kernel {
     ) -> (Option<Kernel>, CellEnd) {
         let nonce = uuid::Uuid::new_v4().simple().to_string();
         let mut state = Cell::new(nonce.clone(), cell.output_limit);
+        // The kernel's interpreter is the cell's own task; the rest of the sandbox is not.
+        let baseline = self.cgroup.as_ref().map(|cg| isolate::Baseline::take(cg, 1));
         // A slow streaming client must not hold up the cell's time limit: chunks go
         // through a queue that the output limit keeps small.
         let forward = chunks.map(|tx| {
@@ -338,9 +347,9 @@ impl Kernel {
         };
         match written {
             Written::Yes => {}
-            Written::Failed => return self.died(state, false, false, None).await,
-            Written::TimedOut => return self.died(state, true, false, None).await,
-            Written::Stopped => return self.died(state, false, true, None).await,
+            Written::Failed => return self.died(state, false, false, None, baseline).await,
+            Written::TimedOut => return self.died(state, true, false, None, baseline).await,
+            Written::Stopped => return self.died(state, false, true, None, baseline).await,
         }
         let mut interrupted = false;
         loop {
@@ -349,8 +358,8 @@ impl Kernel {
                     let step = match line {
                         Ok(Some(msg)) => state.take(msg).map_err(|e| e.to_string()),
                         // The kernel is gone (killed, or out of memory).
-                        Ok(None) => return self.died(state, interrupted, false, None).await,
-                        Err(e) if !e.is_violation() => return self.died(state, interrupted, false, None).await,
+                        Ok(None) => return self.died(state, interrupted, false, None, baseline).await,
+                        Err(e) if !e.is_violation() => return self.died(state, interrupted, false, None, baseline).await,
                         Err(e) => Err(e.to_string()),
                     };
                     match step {
@@ -360,22 +369,25 @@ impl Kernel {
                             }
                         }
                         Ok(Step::Nothing) => {}
-                        Ok(Step::Reply(reply)) => return (Some(self), CellEnd::Done { reply, interrupted }),
+                        Ok(Step::Reply(reply)) => {
+                            let usage = self.usage(baseline.as_ref());
+                            return (Some(self), CellEnd::Done { reply, interrupted, usage });
+                        }
                         Err(violation) => {
                             tracing::info!(init_pid = self.init_pid, %violation, "a kernel broke the protocol; it is killed");
-                            return self.died(state, interrupted, false, Some(violation)).await;
+                            return self.died(state, interrupted, false, Some(violation), baseline).await;
                         }
                     }
                 }
                 _ = &mut deadline => {
                     if interrupted {
-                        return self.died(state, true, false, None).await;
+                        return self.died(state, true, false, None, baseline).await;
                     }
                     interrupted = true;
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::SIGINT);
                     deadline.as_mut().reset(tokio::time::Instant::now() + grace);
                 }
-                _ = stop.changed() => return self.died(state, false, true, None).await,
+                _ = stop.changed() => return self.died(state, false, true, None, baseline).await,
             }
         }
     }
@@ -386,10 +398,26 @@ impl Kernel {
         timed_out: bool,
         cancelled: bool,
         violation: Option<String>,
+        baseline: Option<isolate::Baseline>,
     ) -> (Option<Kernel>, CellEnd) {
+        let cgroup = self.cgroup.clone();
         let outcome = self.stop().await;
+        // Read once the kernel's processes are gone (its slot is idle again, or
+        // removed: then the figures are null).
+        let usage = match (cgroup, baseline) {
+            (Some(cg), Some(b)) => b.usage(&cg).run,
+            _ => isolate::RunUsage::default(),
+        };
         let Cell { stdout, stderr, .. } = cell;
-        (None, CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr })
+        (None, CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr, usage })
+    }
+
+    /// What the cell that began at `baseline` used.
+    fn usage(&self, baseline: Option<&isolate::Baseline>) -> isolate::RunUsage {
+        match (&self.cgroup, baseline) {
+            (Some(cg), Some(b)) => b.usage(cg).run,
+            _ => isolate::RunUsage::default(),
+        }
     }
 
     /// End the kernel and its sandbox; returns how the sandbox ended.

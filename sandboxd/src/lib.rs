@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod health;
 pub mod isolate;
 pub mod kernel;
+pub mod metrics;
 /// The MCP tools live with the other surfaces, in `api/`.
 pub use api::mcp;
 pub mod mountinfo;

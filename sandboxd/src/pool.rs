@@ -251,6 +251,8 @@ impl Pool {
         cancel: watch::Receiver<bool>,
     ) -> Result<Result<isolate::Outcome, isolate::Error>, Fallback> {
         let oom_before = template.oom_kills();
+        let baseline = template.baseline();
+        let attach_began = std::time::Instant::now();
         let started = async {
             let forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
             template.attach(&forked, job.workspace, job.owner_uid).await?;
@@ -260,7 +262,11 @@ impl Pool {
         .await;
         match started {
             Ok(running) => {
-                let outcome = template.finish(running, bounds, chunks, cancel).await;
+                let setup = attach_began.elapsed();
+                let outcome = template.finish(running, bounds, chunks, cancel, &baseline).await.map(|mut o| {
+                    o.setup = setup;
+                    o
+                });
                 {
                     let mut st = self.lock();
                     *st.recycling.entry(policy.name.clone()).or_default() += 1;
@@ -275,6 +281,10 @@ impl Pool {
                         _ if template.served() >= policy.template_runs => {
                             template.destroy().await;
                             Err(isolate::Error::Retired(policy.template_runs))
+                        }
+                        _ if template.pids_spent() => {
+                            template.destroy().await;
+                            Err(isolate::Error::PidsSpent(isolate::PIDS_KEEP))
                         }
                         Some(library) => template.recycle(oom_before, &plan::child_spec(&policy), library).await,
                         None => Err(isolate::Error::NoStatus),

@@ -446,6 +446,7 @@ mod tests {
             duration_ms: 7,
             artifacts: vec![],
             artifacts_truncated: false,
+            usage: Default::default(),
             kernel: None,
         }
     }

@@ -5,6 +5,7 @@
 use crate::artifacts::{self, Snapshot};
 use crate::isolate::{self, output::Chunk};
 use crate::kernel;
+use crate::metrics;
 use crate::plan;
 use crate::policy::Policy;
 use crate::pool;
@@ -80,6 +81,19 @@ pub enum Status {
     Killed,
 }
 
+impl Status {
+    /// Its name in results and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Oom => "oom",
+            Status::Killed => "killed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ArtifactKind {
@@ -112,6 +126,9 @@ pub struct RunResult {
     pub duration_ms: u64,
     pub artifacts: Vec<Artifact>,
     pub artifacts_truncated: bool,
+    /// What the run used, measured over this run alone.
+    #[serde(default)]
+    pub usage: isolate::RunUsage,
     /// Kernel sessions only: `result`, `exception`, `kernel_restarted` (the
     /// OpenAPI document lists them as optional properties of `RunResult`).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -237,10 +254,13 @@ pub async fn execute(
     };
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "run code");
+    let take_began = std::time::Instant::now();
     let pooled = match req.language {
         Language::Python => ctx.pool.take(&policy.name).await,
         Language::Shell => None,
     };
+    let pool_wait = take_began.elapsed();
+    let mut mode = metrics::Mode::Cold;
     let job =
         pool::Job { workspace: &lease.workspace, owner_uid: lease.uid, code: &req.code, run_id: &run_id, autosave };
     let served = match pooled {
@@ -248,7 +268,10 @@ pub async fn execute(
             let served =
                 ctx.pool.serve(template, policy, &job, &run.bounds(), chunks.clone(), lease.cancel.clone()).await;
             match served {
-                Ok(outcome) => Some(outcome),
+                Ok(outcome) => {
+                    mode = metrics::Mode::Pooled;
+                    Some(outcome)
+                }
                 Err(pool::Fallback(e)) => {
                     // Nothing ran yet: a cold sandbox takes the run instead.
                     tracing::warn!(run_id = %run_id, error = %e, "a pooled template could not take the run; using a cold sandbox");
@@ -290,14 +313,29 @@ pub async fn execute(
         duration_ms: outcome.duration.as_millis() as u64,
         artifacts,
         artifacts_truncated,
+        usage: outcome.usage,
         kernel: None,
     };
+    let phases = match mode {
+        metrics::Mode::Pooled => {
+            metrics::Phases { queue: pool_wait, setup: outcome.setup, execution: outcome.duration }
+        }
+        _ => metrics::Phases {
+            queue: pool_wait + outcome.queue,
+            setup: outcome.setup,
+            execution: outcome.duration.saturating_sub(outcome.queue + outcome.setup),
+        },
+    };
+    let language = if req.language == Language::Shell { "shell" } else { "python" };
+    metrics::global().run_ended(mode, language, result.status.as_str(), &phases);
     tracing::info!(
         run_id = %run_id,
         session_id = %lease.id,
         status = ?result.status,
         duration_ms = result.duration_ms,
-        memory_peak_bytes = outcome.memory_peak_bytes,
+        cpu_ms = outcome.usage.cpu_ms,
+        memory_peak_bytes = outcome.usage.memory_peak_bytes,
+        pids_peak = outcome.usage.pids_peak,
         "run finished"
     );
     Ok(result)
@@ -371,6 +409,8 @@ async fn execute_cell(
     if fresh {
         ctx.sessions.mark_kernel_started(&lease.id);
     }
+    // Starting the kernel, when the session had none running.
+    let setup = started.elapsed();
     let snapshot = snapshot(lease).await?;
     tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "cell code");
@@ -402,10 +442,12 @@ async fn execute_cell(
         duration_ms: started.elapsed().as_millis() as u64,
         artifacts,
         artifacts_truncated,
+        usage: isolate::RunUsage::default(),
         kernel: Some(KernelFields { result: None, exception: None, kernel_restarted: false }),
     };
     match end {
-        kernel::CellEnd::Done { reply, interrupted } => {
+        kernel::CellEnd::Done { reply, interrupted, usage } => {
+            result.usage = usage;
             result.status = Ending {
                 timed_out: interrupted,
                 oom_killed: false,
@@ -425,7 +467,8 @@ async fn execute_cell(
                 kernel_restarted: lost,
             });
         }
-        kernel::CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr } => {
+        kernel::CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr, usage } => {
+            result.usage = usage;
             // How it ended comes from the daemon's timer and the cgroup; a protocol
             // violation is the daemon's own finding.
             let oom = outcome.as_ref().is_some_and(|o| o.oom_killed);
@@ -455,7 +498,18 @@ async fn execute_cell(
             result.kernel = Some(KernelFields { result: None, exception: None, kernel_restarted: true });
         }
     }
-    tracing::info!(run_id = %run_id, session_id = %lease.id, status = ?result.status, duration_ms = result.duration_ms, "cell finished");
+    let phases = metrics::Phases { queue: Duration::ZERO, setup, execution: started.elapsed().saturating_sub(setup) };
+    metrics::global().run_ended(metrics::Mode::Kernel, "python", result.status.as_str(), &phases);
+    tracing::info!(
+        run_id = %run_id,
+        session_id = %lease.id,
+        status = ?result.status,
+        duration_ms = result.duration_ms,
+        cpu_ms = result.usage.cpu_ms,
+        memory_peak_bytes = result.usage.memory_peak_bytes,
+        pids_peak = result.usage.pids_peak,
+        "cell finished"
+    );
     Ok(result)
 }
 

@@ -233,6 +233,11 @@ pub trait Operations: Send + Sync + 'static {
         run_id: &'a str,
     ) -> BoxFuture<'a, Result<RunRecord, Error>>;
 
+    /// What `GET /metrics` reads at a scrape (the pool, the sessions).
+    fn metrics_live(&self) -> crate::metrics::Live {
+        crate::metrics::Live::default()
+    }
+
     /// [`Operations::start_run`], waiting for the result.
     fn run<'a>(&'a self, caller: &'a Caller, req: RunRequest) -> BoxFuture<'a, Result<RunResult, Error>> {
         Box::pin(async move {
@@ -602,6 +607,17 @@ impl Operations for Service {
 
     fn condition(&self) -> BoxFuture<'_, Condition> {
         Box::pin(Service::condition(self))
+    }
+
+    fn metrics_live(&self) -> crate::metrics::Live {
+        let pool = self.ctx.pool.stats();
+        let mode = |m| serde_json::to_value(m).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        crate::metrics::Live {
+            pool_idle: pool.ready_by_policy.into_iter().collect(),
+            pool_hits: pool.hits,
+            pool_misses: pool.misses,
+            sessions: self.sessions.count_by_mode().into_iter().map(|(m, n)| (mode(m), n)).collect(),
+        }
     }
 
     fn list_runs<'a>(

@@ -625,6 +625,13 @@ impl Manager {
         self.lock().values().filter(|l| l.phase != Phase::Closing).count()
     }
 
+    /// [`Manager::count`] by mode (for `GET /metrics`).
+    pub fn count_by_mode(&self) -> [(Mode, usize); 2] {
+        let map = self.lock();
+        let held = |mode| map.values().filter(|l| l.phase != Phase::Closing && l.info.mode == mode).count();
+        [(Mode::Script, held(Mode::Script)), (Mode::Kernel, held(Mode::Kernel))]
+    }
+
     /// Take the session for one run; `session_busy` at once if a run holds it.
     pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, Error> {
         let key = key(id, owner)?;

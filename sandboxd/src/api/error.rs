@@ -136,6 +136,8 @@ pub struct ErrorDetail {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // Every error answer passes here: counted by code for `GET /metrics`.
+        crate::metrics::global().api_error(self.code.as_str());
         (self.code.status(), axum::Json(self.body())).into_response()
     }
 }

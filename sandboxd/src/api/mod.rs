@@ -95,6 +95,7 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/sessions/{id}/runs/{run_id}", get(runs::get_run))
         .route("/v1/sessions/{id}/run", axum::routing::delete(sessions::cancel_run))
         .route("/v1/policies", get(sessions::policies))
+        .route("/metrics", get(metrics))
         .route("/v1/check", get(crate::check::route))
         .route("/v1/sessions/{id}/files", get(files::list))
         .route("/v1/sessions/{id}/files/{*path}", get(files::download).put(files::upload).delete(files::remove))
@@ -109,6 +110,24 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn_with_state(Arc::new(surface), surface::guard))
         .with_state(state)
+}
+
+/// The router of the `metrics_listen` address: `GET /metrics` alone, without a
+/// token (the surface guard still checks `Host`).
+pub fn metrics_router(state: Shared, surface: surface::Surface) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(Arc::new(surface), surface::guard))
+        .with_state(state)
+}
+
+/// `GET /metrics`: the daemon's counters in the Prometheus text format.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "daemon", responses((status = 200, content_type = "text/plain", body = String, description = "The Prometheus text format (0.0.4): `sandboxd_runs_total{status,language,mode}`, the `sandboxd_run_queue_wait_seconds`, `sandboxd_run_setup_seconds` and `sandboxd_run_execution_seconds` histograms by mode, `sandboxd_pool_idle_templates{policy}`, `sandboxd_pool_hits_total`, `sandboxd_pool_misses_total`, `sandboxd_sessions{mode}`, `sandboxd_oom_kills_total`, `sandboxd_timeouts_total` and `sandboxd_api_errors_total{code}`. With `tokens`, HTTP needs one (or use the `metrics_listen` address, which serves this route alone without a token)")))]
+pub async fn metrics(State(state): State<Shared>) -> Response {
+    let text = crate::metrics::global().render(&state.service.metrics_live());
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn auth(State((state, listener)): State<(Shared, Listener)>, mut req: Request, next: Next) -> Response {

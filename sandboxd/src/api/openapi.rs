@@ -21,6 +21,7 @@ use utoipa::OpenApi;
     ),
     paths(
         super::health,
+        super::metrics,
         super::runs::create_run,
         super::runs::session_run,
         super::runs::list_runs,
@@ -76,6 +77,7 @@ fn error_description(status: u16) -> &'static str {
 /// 408 for bodies) can refuse it with.
 pub const ERRORS: &[(&str, &[u16])] = &[
     ("health", &[]),
+    ("metrics", &[401]),
     ("check_host", &[401]),
     ("list_policies", &[401]),
     ("run", &[400, 401, 404, 408, 409, 413, 415, 429, 503, 507]),
@@ -510,6 +512,7 @@ mod tests {
                 url: "http://x/a.png".into(),
             }],
             artifacts_truncated: false,
+            usage: crate::isolate::RunUsage { cpu_ms: Some(12), memory_peak_bytes: Some(1 << 20), pids_peak: None },
             kernel: None,
         };
         let value = serde_json::to_value(&script).unwrap();

@@ -207,6 +207,7 @@ impl Operations for Memory {
                         duration_ms: 5,
                         artifacts: vec![],
                         artifacts_truncated: false,
+                        usage: Default::default(),
                         kernel: None,
                     })
                 };

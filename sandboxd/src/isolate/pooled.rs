@@ -13,7 +13,7 @@ use super::process::{children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pa
 use super::sandboxes::Sandboxes;
 use super::slot;
 use super::spec::{ChildSpec, SandboxSpec};
-use super::supervise::{drive, launch, run_ended, Bounds, Done, Error, Launched, Outcome, Usage};
+use super::supervise::{drive, launch, run_ended, Baseline, Bounds, Done, Error, Launched, Outcome};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +40,9 @@ pub struct PooledTemplate {
     /// Runs served so far (the pool retires a template after its policy's
     /// `template_runs`).
     served: u64,
+    /// A run counted more than [`super::PIDS_KEEP`] tasks: the template is replaced, as
+    /// the cgroup's task peak cannot be reset for the next run.
+    pids_spent: bool,
 }
 
 /// A template's fork, in its own namespaces, waiting for its code: its socket has
@@ -122,6 +125,7 @@ impl PooledTemplate {
                 python_pid: None,
                 prepared: None,
                 served: 0,
+                pids_spent: false,
             }),
             Err(e) => {
                 sandboxes.release(slot).await;
@@ -274,8 +278,8 @@ impl PooledTemplate {
         bounds: &Bounds,
         chunks: Option<mpsc::Sender<Chunk>>,
         mut cancel: watch::Receiver<bool>,
+        baseline: &Baseline,
     ) -> Result<Outcome, Error> {
-        let oom_before = self.slot.cg.oom_kills();
         self.served += 1;
         let Forked { mut program, mut report, stdout, stderr, init_pid, init_pidfd, .. } = running.0;
         let mut run = Launched {
@@ -295,7 +299,11 @@ impl PooledTemplate {
         pidfd_kill(&init_pidfd);
         // The run's process may wait for its socket to close: only now.
         drop((program, report));
-        let usage = Usage::since(&self.slot.cg, oom_before);
+        let usage = baseline.usage(&self.slot.cg);
+        if usage.pids_spent {
+            // The task peak cannot be reset: the next run here would count this one's.
+            self.pids_spent = true;
+        }
         Ok(result?.complete(usage))
     }
 
@@ -344,6 +352,18 @@ impl PooledTemplate {
     /// Runs this template has served.
     pub fn served(&self) -> u64 {
         self.served
+    }
+
+    /// Whether a run raised the cgroup's task peak past [`super::PIDS_KEEP`] (the
+    /// template is then replaced rather than recycled).
+    pub fn pids_spent(&self) -> bool {
+        self.pids_spent
+    }
+
+    /// The cgroup's counters as a run begins (before its workspace is attached):
+    /// the prepared fork's three processes are the run's.
+    pub fn baseline(&self) -> Baseline {
+        Baseline::take(&self.slot.cg, 3)
     }
 
     /// OOM kills so far in the template's cgroup.

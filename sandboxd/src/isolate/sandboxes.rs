@@ -4,7 +4,7 @@
 use super::cgroup;
 use super::output::Chunk;
 use super::slot::{self, HELPER_ARG};
-use super::supervise::{drive, launch, Error, Outcome, Run, Usage};
+use super::supervise::{drive, launch, Baseline, Error, Outcome, Run, Usage, PIDS_KEEP};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -76,7 +76,11 @@ impl Sandboxes {
     }
 
     async fn give_back(&self, mut s: slot::Slot) {
-        if s.alive() {
+        // The cgroup's task peak cannot be reset: a slot that held more tasks than
+        // a run may count over its own (a template's, a busy run's) is replaced, so
+        // the next run there counts its own (see [`super::RunUsage::pids_peak`]).
+        let spent = s.cg.pids_peak().is_some_and(|n| n > 1 + PIDS_KEEP);
+        if s.alive() && !spent {
             let mut idle = self.lock();
             if idle.len() < self.max_idle {
                 idle.push(s);
@@ -109,11 +113,12 @@ impl Sandboxes {
         cancel: watch::Receiver<bool>,
         started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
     ) -> Result<Outcome, Error> {
-        self.run_with_stdin(run, None, chunks, cancel, started_tx).await
+        self.run_with_stdin(run, None, chunks, cancel, started_tx, None).await
     }
 
     /// [`Sandboxes::run`], the program's stdin being `stdin` when given (a kernel's
-    /// channel to the daemon) instead of `run.spec.stdin`.
+    /// channel to the daemon) instead of `run.spec.stdin`. `cgroup_tx`, when given,
+    /// receives the sandbox's cgroup (a kernel measures each cell in it).
     pub async fn run_with_stdin(
         self: &Arc<Self>,
         run: Run,
@@ -121,12 +126,17 @@ impl Sandboxes {
         chunks: Option<mpsc::Sender<Chunk>>,
         mut cancel: watch::Receiver<bool>,
         started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+        cgroup_tx: Option<tokio::sync::oneshot::Sender<cgroup::RunCgroup>>,
     ) -> Result<Outcome, Error> {
         let started = Instant::now();
         let slot = self.take().await?;
+        if let Some(tx) = cgroup_tx {
+            let _ = tx.send(slot.cg.clone());
+        }
+        let queue = started.elapsed();
         tracing::debug!(run_id = %run.id, slot = %slot.id, elapsed_us = started.elapsed().as_micros() as u64, "slot taken");
-        let oom_before = slot.cg.oom_kills();
-        slot.cg.reset_peak();
+        // Only the slot's own process is there: none of it is the run's.
+        let baseline = Baseline::take(&slot.cg, 0);
         let result = match slot.cg.set_limits(&run.limits) {
             Ok(()) => match launch(&slot, &run.spec, stdin.as_ref()).await {
                 Ok(mut sandbox) => {
@@ -139,15 +149,18 @@ impl Sandboxes {
             Err(e) => Err(e.into()),
         };
         tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox ended");
-        let usage = self.end(slot, oom_before).await;
-        Ok(result?.complete(usage))
+        let usage = self.end(slot, &baseline).await;
+        let mut outcome = result?.complete(usage);
+        outcome.setup = outcome.setup.saturating_sub(queue);
+        outcome.queue = queue;
+        Ok(outcome)
     }
 
-    /// After a run: kill whatever is left in the slot, read its OOM count and peak,
-    /// and give it back.
-    async fn end(&self, slot: slot::Slot, oom_before: u64) -> Usage {
+    /// After a run: kill whatever is left in the slot, read what the run used, and
+    /// give the slot back.
+    async fn end(&self, slot: slot::Slot, baseline: &Baseline) -> Usage {
         slot.cg.kill_except(slot.pid());
-        let usage = Usage::since(&slot.cg, oom_before);
+        let usage = baseline.usage(&slot.cg);
         self.give_back(slot).await;
         usage
     }

@@ -40,6 +40,8 @@ pub enum Error {
     NoStatus,
     #[error("the template served its {0} runs and is replaced")]
     Retired(u64),
+    #[error("its run counted more than {0} tasks, a peak its cgroup keeps: it is replaced")]
+    PidsSpent(u64),
 }
 
 /// One run to perform.
@@ -87,22 +89,116 @@ pub struct Outcome {
     pub stdout: Captured,
     pub stderr: Captured,
     pub warnings: Vec<String>,
+    pub usage: RunUsage,
+    /// Of `duration`: waiting for a slot (a cold run), and from then until the
+    /// program started (a cold run's set-up; a pooled run's attach is timed by the pool).
+    pub queue: Duration,
+    pub setup: Duration,
+}
+
+/// What one run used, from its sandbox's cgroup, as run results report it.
+///
+/// A sandbox's cgroup can serve many runs (a cold slot, a pooled template, a
+/// kernel session), so each figure is measured over the run alone: counters are
+/// read when the run begins and when its processes are gone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct RunUsage {
+    /// CPU time (user + system, all cores) used by the run's processes, in
+    /// milliseconds: the cgroup's CPU time at the end minus at the start
+    /// (`cpuacct.usage`, or `usage_usec` of `cpu.stat` on cgroup v2). It includes
+    /// building the sandbox (a cold run) or attaching the workspace (a pooled run).
+    /// Null when the host has no CPU accounting.
+    pub cpu_ms: Option<u64>,
+    /// The most memory the run had charged at once beyond what its sandbox held
+    /// when the run began, in bytes: the cgroup's memory peak over the run (reset
+    /// when the run begins) minus its charge then. Memory counts anonymous memory,
+    /// page cache and kernel memory the run's processes caused; what a pooled
+    /// run's fork shares with its template is not counted until written to. Null
+    /// when the kernel cannot reset the peak (cgroup v2 before Linux 6.12).
     pub memory_peak_bytes: Option<u64>,
+    /// The most tasks (processes and threads) the run had at once, counting the
+    /// sandbox's init and the process that made it (a cold run's helper, a pooled
+    /// run's outer process); a kernel cell counts the kernel's interpreter. The
+    /// kernel's `pids.peak` cannot be reset, so this is the cgroup's peak at the
+    /// end minus the tasks present before the run that are not its own: exact for
+    /// a run that set a new peak, otherwise at most the sandbox's earlier peak. A
+    /// cold slot whose peak passed [`PIDS_KEEP`] tasks besides its own process,
+    /// and a pooled template whose run raised its peak to more than that, are
+    /// replaced, so a later run there counts at most [`PIDS_KEEP`] more than its
+    /// own (a pooled run also counts the peak its template's own forks left, at
+    /// most 3: `print(1)` counts 3 to 6 there); a kernel session keeps its
+    /// kernel, and its later cells count at least the busiest earlier cell until
+    /// the kernel restarts. Null when the kernel does not report `pids.peak`
+    /// (before Linux 6.1).
+    pub pids_peak: Option<u64>,
+}
+
+/// A sandbox whose run counted more tasks than this is replaced afterwards (see
+/// [`RunUsage::pids_peak`]): a `print(1)` counts 3.
+pub const PIDS_KEEP: u64 = 5;
+
+/// The cgroup's counters when a run began (see [`RunUsage`]).
+#[derive(Debug)]
+pub struct Baseline {
+    oom: u64,
+    cpu_ns: Option<u64>,
+    memory: Option<u64>,
+    /// Reads the memory peak since the run began.
+    peak: Option<std::fs::File>,
+    /// Tasks present that are not the run's own.
+    others: Option<u64>,
+    /// The cgroup's task peak so far.
+    pids_peak: Option<u64>,
+}
+
+impl Baseline {
+    /// Read the counters of `cg` as a run begins there; `own` of the tasks
+    /// present now belong to the run (a pooled run's fork: 3; a kernel cell: 1).
+    pub fn take(cg: &RunCgroup, own: u64) -> Baseline {
+        let peak = cg.reset_peak();
+        Baseline {
+            oom: cg.oom_kills(),
+            cpu_ns: cg.cpu_usage_ns(),
+            memory: cg.memory_current(),
+            peak,
+            others: cg.pids_current().map(|n| n.saturating_sub(own)),
+            pids_peak: cg.pids_peak(),
+        }
+    }
+
+    /// What the run used, read once its processes are gone.
+    pub fn usage(&self, cg: &RunCgroup) -> Usage {
+        let cpu_ms = match (self.cpu_ns, cg.cpu_usage_ns()) {
+            (Some(before), Some(after)) => Some(after.saturating_sub(before) / 1_000_000),
+            _ => None,
+        };
+        let memory_peak_bytes = match (&self.peak, self.memory) {
+            (Some(file), Some(before)) => RunCgroup::peak_since_reset(file).map(|p| p.saturating_sub(before)),
+            _ => None,
+        };
+        let peak_after = cg.pids_peak();
+        let pids_peak = match (self.others, peak_after) {
+            (Some(others), Some(peak)) => Some(peak.saturating_sub(others)),
+            _ => None,
+        };
+        // The run set the cgroup's task peak past [`PIDS_KEEP`] of its own: a later
+        // run there would count this one's.
+        let pids_spent = peak_after > self.pids_peak && pids_peak.is_some_and(|n| n > PIDS_KEEP);
+        Usage {
+            oom_killed: cg.oom_kills() > self.oom,
+            pids_spent,
+            run: RunUsage { cpu_ms, memory_peak_bytes, pids_peak },
+        }
+    }
 }
 
 /// What the run's cgroup says about it, read once its processes are gone.
 #[derive(Debug, Clone, Copy)]
 pub struct Usage {
     pub oom_killed: bool,
-    pub memory_peak_bytes: Option<u64>,
-}
-
-impl Usage {
-    /// Whether the run in `cg` met the OOM killer (its count is past
-    /// `oom_before`), and the cgroup's memory peak.
-    pub fn since(cg: &RunCgroup, oom_before: u64) -> Usage {
-        Usage { oom_killed: cg.oom_kills() > oom_before, memory_peak_bytes: cg.memory_peak() }
-    }
+    /// The run raised the cgroup's task peak past [`PIDS_KEEP`] of its own.
+    pub pids_spent: bool,
+    pub run: RunUsage,
 }
 
 /// How a run ended, as [`drive`] saw it: everything of the [`Outcome`] but what
@@ -117,6 +213,8 @@ pub struct Ended {
     stdout: Captured,
     stderr: Captured,
     warnings: Vec<String>,
+    /// When the sandbox's init said it started, after the run's start.
+    init_started: Option<Duration>,
 }
 
 impl Ended {
@@ -132,7 +230,9 @@ impl Ended {
             stdout: self.stdout,
             stderr: self.stderr,
             warnings: self.warnings,
-            memory_peak_bytes: usage.memory_peak_bytes,
+            usage: usage.run,
+            queue: Duration::ZERO,
+            setup: self.init_started.unwrap_or_default(),
         }
     }
 }
@@ -280,6 +380,7 @@ pub async fn drive(
     let mut cancelled = false;
     let mut term_sent_at: Option<Instant> = None;
     let mut final_event: Option<Event> = None;
+    let mut init_started = None;
 
     loop {
         let grace_left = term_sent_at.map(|t| run.grace.saturating_sub(t.elapsed()));
@@ -289,6 +390,7 @@ pub async fn drive(
                 Ok(Event::Started { init_pid: pid }) => {
                     tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
                     sandbox.init_pid = Some(pid);
+                    init_started = Some(started.elapsed());
                     if let Some(tx) = started_tx.take() {
                         let _ = tx.send(pid);
                     }
@@ -375,5 +477,6 @@ pub async fn drive(
         stdout,
         stderr,
         warnings: std::mem::take(&mut sandbox.warnings),
+        init_started,
     })
 }

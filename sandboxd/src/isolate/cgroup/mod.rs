@@ -71,6 +71,15 @@ pub enum MemoryFile {
     Events,
 }
 
+/// A pids-controller file of one run, named alike in v1 and v2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PidsFile {
+    /// Tasks (processes and threads) in the cgroup now.
+    Current,
+    /// The most tasks at once since the cgroup was made (the kernel cannot reset it).
+    Peak,
+}
+
 /// What differs between cgroup v1 and v2, for the run cgroups named `id`.
 pub trait Layout: fmt::Debug + Send + Sync {
     fn version(&self) -> Version;
@@ -84,6 +93,10 @@ pub trait Layout: fmt::Debug + Send + Sync {
     /// The least CPU weight (`idle`), or the default one.
     fn set_idle(&self, id: &str, idle: bool) -> Result<(), Error>;
     fn memory_file(&self, id: &str, file: MemoryFile) -> PathBuf;
+    fn pids_file(&self, id: &str, file: PidsFile) -> PathBuf;
+    /// CPU time used by the cgroup's tasks so far, nanoseconds (None: no cpu
+    /// accounting, or it could not be read).
+    fn cpu_usage_ns(&self, id: &str) -> Option<u64>;
     /// The `cgroup.procs` that lists every process of the run.
     fn procs(&self, id: &str) -> PathBuf;
     /// The run's `cgroup.kill`, where there is a cgroup2 hierarchy.
@@ -96,8 +109,8 @@ pub struct Cgroups {
     layout: Arc<dyn Layout>,
 }
 
-/// One run's cgroup(s).
-#[derive(Debug)]
+/// One run's cgroup(s). A clone reads the same counters; only the owner removes it.
+#[derive(Debug, Clone)]
 pub struct RunCgroup {
     layout: Arc<dyn Layout>,
     id: String,
@@ -265,10 +278,43 @@ impl RunCgroup {
         self.read_number(MemoryFile::Peak)
     }
 
-    /// Start measuring peak memory afresh (a slot's cgroup serves many runs).
-    pub fn reset_peak(&self) {
-        // Kernels before 6.12 cannot reset memory.peak: the peak then spans runs.
-        let _ = fs::write(self.layout.memory_file(&self.id, MemoryFile::Peak), "0");
+    /// Start measuring peak memory afresh (a slot's cgroup serves many runs): the
+    /// returned file reads the peak since now. v1 resets the cgroup's
+    /// `memory.max_usage_in_bytes` to the current charge; v2 (6.12 and later) resets
+    /// `memory.peak` for this open file only, so the peak must be read through it.
+    /// None when the kernel cannot reset it (v2 before 6.12).
+    pub fn reset_peak(&self) -> Option<fs::File> {
+        let path = self.layout.memory_file(&self.id, MemoryFile::Peak);
+        let mut file = fs::OpenOptions::new().read(true).write(true).truncate(true).open(path).ok()?;
+        io::Write::write_all(&mut file, b"0").ok()?;
+        Some(file)
+    }
+
+    /// The peak read through a file [`RunCgroup::reset_peak`] returned.
+    pub fn peak_since_reset(file: &fs::File) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 64];
+        let n = file.read_at(&mut buf, 0).ok()?;
+        std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+    }
+
+    /// CPU time the cgroup's tasks have used so far, nanoseconds.
+    pub fn cpu_usage_ns(&self) -> Option<u64> {
+        self.layout.cpu_usage_ns(&self.id)
+    }
+
+    fn read_pids(&self, file: PidsFile) -> Option<u64> {
+        fs::read_to_string(self.layout.pids_file(&self.id, file)).ok()?.trim().parse().ok()
+    }
+
+    /// Tasks (processes and threads) in the cgroup now.
+    pub fn pids_current(&self) -> Option<u64> {
+        self.read_pids(PidsFile::Current)
+    }
+
+    /// The most tasks the cgroup had at once since it was made.
+    pub fn pids_peak(&self) -> Option<u64> {
+        self.read_pids(PidsFile::Peak)
     }
 
     /// How many processes the kernel's OOM killer has killed in this cgroup so far.

@@ -3,7 +3,9 @@
 //! hybrid host, when mounted, adds a fourth that gives `cgroup.kill`.
 
 use super::CPU_PERIOD_US;
-use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, Version};
+use super::{
+    cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, PidsFile, Version,
+};
 use crate::mountinfo::Mount;
 use std::fs;
 use std::path::PathBuf;
@@ -13,6 +15,9 @@ use std::path::PathBuf;
 pub struct V1 {
     memory: PathBuf,
     cpu: PathBuf,
+    /// The cpuacct hierarchy (the same directory as `cpu` where they are mounted
+    /// together), for the CPU time used; None when it is not mounted.
+    cpuacct: Option<PathBuf>,
     pids: PathBuf,
     /// A cgroup2 directory for the same runs (hybrid's controller-less hierarchy).
     unified: Option<PathBuf>,
@@ -35,6 +40,7 @@ impl V1 {
         };
         let memory = base("memory")?;
         let cpu = base("cpu")?;
+        let cpuacct = base("cpuacct").ok();
         let pids = base("pids")?;
         if let Ok(hierarchy) = read(&memory.join("memory.use_hierarchy")) {
             if hierarchy.trim() == "0" {
@@ -52,7 +58,7 @@ impl V1 {
             }
             _ => None,
         };
-        Ok(V1 { memory, cpu, pids, unified })
+        Ok(V1 { memory, cpu, cpuacct, pids, unified })
     }
 }
 
@@ -73,6 +79,7 @@ impl Layout for V1 {
 
     fn bases(&self) -> Vec<PathBuf> {
         let mut v = vec![self.memory.clone(), self.cpu.clone(), self.pids.clone()];
+        v.extend(self.cpuacct.clone());
         v.extend(self.unified.clone());
         v.sort();
         v.dedup();
@@ -113,6 +120,18 @@ impl Layout for V1 {
         })
     }
 
+    fn pids_file(&self, id: &str, file: PidsFile) -> PathBuf {
+        self.pids.join(id).join(match file {
+            PidsFile::Current => "pids.current",
+            PidsFile::Peak => "pids.peak",
+        })
+    }
+
+    fn cpu_usage_ns(&self, id: &str) -> Option<u64> {
+        let file = self.cpuacct.as_ref()?.join(id).join("cpuacct.usage");
+        fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
     fn procs(&self, id: &str) -> PathBuf {
         self.pids.join(id).join("cgroup.procs")
     }
@@ -125,7 +144,7 @@ impl Layout for V1 {
 #[cfg(test)]
 mod tests {
     use super::super::fake::Tree;
-    use super::super::{parse_proc_cgroup, Cgroups};
+    use super::super::{parse_proc_cgroup, Cgroups, RunCgroup};
     use super::*;
     use crate::mountinfo;
 
@@ -210,8 +229,17 @@ mod tests {
         tree.put(&mem("memory.max_usage_in_bytes"), "8192\n");
         tree.put(&mem("memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n");
         assert_eq!((run.memory_current(), run.memory_peak(), run.oom_kills()), (Some(4096), Some(8192), 5));
-        run.reset_peak();
+        let peak = run.reset_peak().unwrap();
         assert_eq!(tree.get(&mem("memory.max_usage_in_bytes")), "0");
+        // What the kernel does on that write: the peak starts again from the charge.
+        tree.put(&mem("memory.max_usage_in_bytes"), "4096\n");
+        assert_eq!(RunCgroup::peak_since_reset(&peak), Some(4096));
+
+        // CPU time from cpuacct (nanoseconds), tasks from the pids hierarchy.
+        tree.put(&cpu("cpuacct.usage"), "1234567\n");
+        tree.put(&pids("pids.current"), "3\n");
+        tree.put(&pids("pids.peak"), "24\n");
+        assert_eq!((run.cpu_usage_ns(), run.pids_current(), run.pids_peak()), (Some(1234567), Some(3), Some(24)));
 
         // cgroup.kill of the cgroup2 hierarchy.
         run.kill();
@@ -222,6 +250,24 @@ mod tests {
         }
         run.remove().unwrap();
         assert!(!tree.path(&mem("")).exists() && !tree.path(&unified("")).exists());
+    }
+
+    #[test]
+    fn cpuacct_mounted_apart_from_cpu_gets_its_own_directory() {
+        let tree = Tree::new();
+        let table = tree.mount(35, "memory", "cgroup", "rw,memory")
+            + &tree.mount(36, "cpu", "cgroup", "rw,cpu")
+            + &tree.mount(37, "cpuacct", "cgroup", "rw,cpuacct")
+            + &tree.mount(38, "pids", "cgroup", "rw,pids");
+        let own = parse_proc_cgroup("8:pids:/\n4:memory:/m\n2:cpuacct:/\n1:cpu:/\n");
+        let cg = Cgroups::detect_in(&mountinfo::parse(&table), &own, "sd").unwrap();
+        assert!(cg.bases().contains(&tree.path("cpuacct/sd")), "{:?}", cg.bases());
+        let run = cg.create("r").unwrap();
+        assert!(tree.path("cpuacct/sd/r").is_dir());
+        assert_eq!(run.procs_files().len(), 4);
+        assert_eq!(run.cpu_usage_ns(), None, "no counter file yet");
+        tree.put("cpuacct/sd/r/cpuacct.usage", "5000000\n");
+        assert_eq!(run.cpu_usage_ns(), Some(5_000_000));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! cgroup v2: one hierarchy, one directory per run, `cgroup.kill` always there.
 
 use super::CPU_PERIOD_US;
-use super::{cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, Version};
+use super::{
+    cpu_quota_us, join_rel, read, write, write_if_present, Error, Layout, Limits, MemoryFile, PidsFile, Version,
+};
 use crate::mountinfo::Mount;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -95,6 +97,20 @@ impl Layout for V2 {
         })
     }
 
+    fn pids_file(&self, id: &str, file: PidsFile) -> PathBuf {
+        self.dir(id).join(match file {
+            PidsFile::Current => "pids.current",
+            PidsFile::Peak => "pids.peak",
+        })
+    }
+
+    fn cpu_usage_ns(&self, id: &str) -> Option<u64> {
+        let text = fs::read_to_string(self.dir(id).join("cpu.stat")).ok()?;
+        let usec =
+            text.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|v| v.trim().parse::<u64>().ok())?;
+        Some(usec.saturating_mul(1000))
+    }
+
     fn procs(&self, id: &str) -> PathBuf {
         self.dir(id).join("cgroup.procs")
     }
@@ -183,8 +199,12 @@ mod tests {
         assert_eq!(run.memory_current(), Some(123456));
         assert_eq!(run.memory_peak(), Some(999999));
         assert_eq!(run.oom_kills(), 2);
-        run.reset_peak();
+        assert!(run.reset_peak().is_some());
         assert_eq!(tree.get(&rel("memory.peak")), "0");
+        tree.put(&rel("cpu.stat"), "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\n");
+        tree.put(&rel("pids.current"), "2\n");
+        tree.put(&rel("pids.peak"), "9\n");
+        assert_eq!((run.cpu_usage_ns(), run.pids_current(), run.pids_peak()), (Some(2_500_000), Some(2), Some(9)));
 
         // Killing uses cgroup.kill (no signal is sent to the fake pids).
         run.kill();

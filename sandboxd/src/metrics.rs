@@ -1,0 +1,216 @@
+//! `GET /metrics`: the daemon's counters in the Prometheus text format.
+//!
+//! Counted where they happen, in one process-wide [`Metrics`] ([`global`]): runs by
+//! status, language and mode, and their phases' latencies ([`Metrics::run_ended`],
+//! called by [`crate::run`] for every run and cell); API errors by code
+//! ([`Metrics::api_error`], called where a `service::Error` becomes an answer,
+//! `api/error.rs`). What the daemon holds now (idle templates per policy, the pool's
+//! hits and misses, sessions by mode) is read when scraped ([`Live`]). The encoding
+//! is `prometheus-client`'s (the Prometheus project's Rust client).
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// The content type of the answer: the Prometheus text format, version 0.0.4.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Where a run ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A fresh sandbox in a slot (every shell run, and Python runs the pool missed).
+    Cold,
+    /// A fork of a pooled template.
+    Pooled,
+    /// A cell in a kernel session's interpreter.
+    Kernel,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Cold => "cold",
+            Mode::Pooled => "pooled",
+            Mode::Kernel => "kernel",
+        }
+    }
+}
+
+/// How long each phase of one run took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// Waiting for a sandbox: a slot, a template (the pool's short wait), or
+    /// nothing (a kernel cell).
+    pub queue: Duration,
+    /// Making it ready: a cold sandbox from its slot to its program started; a
+    /// pooled one, attaching the workspace; a kernel cell, starting the kernel
+    /// when the session had none.
+    pub setup: Duration,
+    /// The program (or cell) from then until its end.
+    pub execution: Duration,
+}
+
+/// Latency buckets, seconds: from a pooled `print(1)` (milliseconds) to long runs.
+fn buckets() -> Histogram {
+    Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0])
+}
+
+/// The daemon's counters (cheap to clone: each is shared).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    runs: Family<Labels, Counter>,
+    queue: Histograms,
+    setup: Histograms,
+    execution: Histograms,
+    oom_kills: Counter,
+    timeouts: Counter,
+    api_errors: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            runs: Family::default(),
+            queue: Family::new_with_constructor(buckets),
+            setup: Family::new_with_constructor(buckets),
+            execution: Family::new_with_constructor(buckets),
+            oom_kills: Counter::default(),
+            timeouts: Counter::default(),
+            api_errors: Family::default(),
+        }
+    }
+}
+
+static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::default);
+
+/// The daemon's one set of counters.
+pub fn global() -> &'static Metrics {
+    &GLOBAL
+}
+
+/// What the daemon holds at the moment of a scrape.
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    /// Idle templates per policy.
+    pub pool_idle: Vec<(String, usize)>,
+    pub pool_hits: u64,
+    pub pool_misses: u64,
+    /// Open sessions per mode (`script`, `kernel`).
+    pub sessions: Vec<(String, usize)>,
+}
+
+impl Metrics {
+    /// A run (or cell) ended with `status` (`ok`, `error`, `timeout`, `oom`, `killed`).
+    pub fn run_ended(&self, mode: Mode, language: &str, status: &str, phases: &Phases) {
+        let labels =
+            vec![("status", status.to_string()), ("language", language.to_string()), ("mode", mode.as_str().into())];
+        self.runs.get_or_create(&labels).inc();
+        let by_mode = vec![("mode", mode.as_str().to_string())];
+        self.queue.get_or_create(&by_mode).observe(phases.queue.as_secs_f64());
+        self.setup.get_or_create(&by_mode).observe(phases.setup.as_secs_f64());
+        self.execution.get_or_create(&by_mode).observe(phases.execution.as_secs_f64());
+        match status {
+            "oom" => {
+                self.oom_kills.inc();
+            }
+            "timeout" => {
+                self.timeouts.inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// The API answered an error with `code` (the envelope's `error.code`).
+    pub fn api_error(&self, code: &str) {
+        self.api_errors.get_or_create(&vec![("code", code.to_string())]).inc();
+    }
+
+    /// Everything, in the Prometheus text format.
+    pub fn render(&self, live: &Live) -> String {
+        let mut reg = Registry::with_prefix("sandboxd");
+        reg.register("runs", "Runs ended, by status, language and mode (cold, pooled, kernel)", self.runs.clone());
+        reg.register(
+            "run_queue_wait_seconds",
+            "Time a run waited for a sandbox (a slot, a pooled template), by mode",
+            self.queue.clone(),
+        );
+        reg.register(
+            "run_setup_seconds",
+            "Time making a run's sandbox ready (cold: until its program started; pooled: attaching the workspace; kernel: starting the kernel), by mode",
+            self.setup.clone(),
+        );
+        reg.register("run_execution_seconds", "Time a run's program ran, by mode", self.execution.clone());
+        reg.register("oom_kills", "Runs ended by the OOM killer", self.oom_kills.clone());
+        reg.register("timeouts", "Runs ended by their time limit", self.timeouts.clone());
+        reg.register("api_errors", "Error answers of the API, by error code", self.api_errors.clone());
+
+        let idle: Family<Labels, Gauge> = Family::default();
+        for (policy, n) in &live.pool_idle {
+            idle.get_or_create(&vec![("policy", policy.clone())]).set(*n as i64);
+        }
+        reg.register("pool_idle_templates", "Pooled templates ready for a run, by policy", idle);
+        reg.register("pool_hits", "Python runs served by a pooled template", ConstCounter::new(live.pool_hits));
+        reg.register("pool_misses", "Python runs that found no pooled template", ConstCounter::new(live.pool_misses));
+        let sessions: Family<Labels, Gauge> = Family::default();
+        for (mode, n) in &live.sessions {
+            sessions.get_or_create(&vec![("mode", mode.clone())]).set(*n as i64);
+        }
+        reg.register("sessions", "Open sessions, by mode", sessions);
+
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_text::encode(&mut text, &reg);
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_phases_and_errors_are_counted_and_rendered() {
+        let m = Metrics::default();
+        let phases = Phases {
+            queue: Duration::from_millis(2),
+            setup: Duration::from_millis(30),
+            execution: Duration::from_millis(700),
+        };
+        m.run_ended(Mode::Cold, "python", "ok", &phases);
+        m.run_ended(Mode::Cold, "python", "ok", &phases);
+        m.run_ended(Mode::Kernel, "python", "oom", &phases);
+        m.run_ended(Mode::Pooled, "python", "timeout", &phases);
+        m.api_error("session_not_found");
+        let live = Live {
+            pool_idle: vec![("default".into(), 2)],
+            pool_hits: 7,
+            pool_misses: 1,
+            sessions: vec![("script".into(), 3), ("kernel".into(), 1)],
+        };
+        let text = m.render(&live);
+        for line in [
+            "# TYPE sandboxd_runs_total counter",
+            r#"sandboxd_runs_total{status="ok",language="python",mode="cold"} 2"#,
+            r#"sandboxd_runs_total{status="oom",language="python",mode="kernel"} 1"#,
+            "sandboxd_oom_kills_total 1",
+            "sandboxd_timeouts_total 1",
+            r#"sandboxd_api_errors_total{code="session_not_found"} 1"#,
+            r#"sandboxd_pool_idle_templates{policy="default"} 2"#,
+            "sandboxd_pool_hits_total 7",
+            "sandboxd_pool_misses_total 1",
+            r#"sandboxd_sessions{mode="kernel"} 1"#,
+            r#"sandboxd_run_setup_seconds_bucket{mode="cold",le="0.05"} 2"#,
+            r#"sandboxd_run_execution_seconds_count{mode="cold"} 2"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
+        }
+    }
+}
