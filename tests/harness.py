@@ -100,6 +100,11 @@ class Daemon:
         self.proc = None
         if not self.policies.exists():
             shutil.copytree(REPO / "policies", self.policies)
+            # A daemon refuses a session (507) that its state filesystem could not
+            # hold filled up, and a suite's shared daemon holds hundreds: the
+            # default policy's workspaces are smaller here (uploads still fit).
+            default = self.policies / "default.toml"
+            default.write_text(default.read_text().replace("workspace_mb = 1024", "workspace_mb = 128"))
             (self.policies / "tiny.toml").write_text(TEST_POLICY)
             for name, text in (policies or {}).items():
                 (self.policies / f"{name}.toml").write_text(text)
