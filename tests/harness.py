@@ -58,7 +58,7 @@ def cgroup_roots():
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, ctrls, path = line.split(":", 2)
         for ctrl in ctrls.split(",") if ctrls else ["unified"]:
-            if ctrl in ("memory", "cpu", "pids"):
+            if ctrl in ("memory", "cpu", "cpuacct", "pids"):
                 roots.append(Path("/sys/fs/cgroup") / ctrl / path.lstrip("/"))
             elif ctrl == "unified" and Path("/sys/fs/cgroup/unified").is_dir():
                 roots.append(Path("/sys/fs/cgroup/unified") / path.lstrip("/"))

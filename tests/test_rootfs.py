@@ -5,7 +5,7 @@ import os
 import shutil
 import subprocess
 
-from harness import BIN, SHARED_ROOTFS, TARBALL, scratch_dir
+from harness import BIN, SHARED_ROOTFS, TARBALL, cgroup_roots, scratch_dir
 
 
 def start_fails(tmp_path, tarball, state=None):
@@ -60,4 +60,7 @@ def test_damaged_or_missing_tarball_is_refused_with_the_cause():
     assert not (tmp_path / "state" / "mnt" / "rootfs" / "opt").exists()
     err = start_fails(tmp_path, tmp_path / "missing.tar.zst")
     assert "not found" in err and "rootfs/build.sh" in err, err
+    # A start that failed leaves none of the instance's cgroup directories.
+    left = [str(root / "sdtest-rootfs") for root in cgroup_roots() if (root / "sdtest-rootfs").exists()]
+    assert left == [], left
     shutil.rmtree(tmp_path)

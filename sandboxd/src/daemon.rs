@@ -83,7 +83,24 @@ async fn serve(config: Config) -> Result<(), Error> {
     let cgroups = Cgroups::detect(&config.instance)?;
     let stale = cgroups.remove_stale()?;
     tracing::info!(cgroup = %cgroups.describe(), removed_stale = stale, "cgroups ready");
+    // From here on the instance has cgroup directories: a start that fails past
+    // this point removes them (a clean stop does so itself).
+    let made = cgroups.clone();
+    let served = serve_with(config, policies, cgroups).await;
+    if served.is_err() {
+        if let Err(e) = made.remove_all() {
+            tracing::warn!(error = %e, "could not remove the instance's cgroup directories");
+        }
+    }
+    served
+}
 
+/// [`serve`] once the instance's cgroups are made.
+async fn serve_with(
+    config: Config,
+    policies: std::collections::BTreeMap<String, policy::Policy>,
+    cgroups: Cgroups,
+) -> Result<(), Error> {
     let abi = landlock::kernel_abi();
     if abi < landlock::TARGET_ABI as i32 {
         tracing::warn!(kernel_abi = abi, wanted = landlock::TARGET_ABI as i32, "Landlock is missing or older than expected: sandboxes are enforced partly, relying on mount namespaces and seccomp for the rest");
