@@ -34,11 +34,11 @@ def daemon():
     shutil.rmtree(d.base, ignore_errors=True)
 
 
-@pytest.fixture
-def fresh_daemon():
-    """A daemon of the test's own, for tests that stop, restart or reconfigure it."""
+def _own_daemons(prefix, check_clean=False):
+    """Yield a maker of daemons (`make(**Daemon kwargs)` starts one); stop them all
+    afterwards (and check each left nothing on the host, if asked)."""
     made = []
-    base = scratch_dir("own-")
+    base = scratch_dir(prefix)
 
     def make(**kw):
         d = Daemon(base / f"d{len(made)}", **kw)
@@ -48,7 +48,21 @@ def fresh_daemon():
     yield make
     for d in made:
         d.stop()
+        if check_clean:
+            d.assert_clean()
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_daemon():
+    """A daemon of the test's own, for tests that stop, restart or reconfigure it."""
+    yield from _own_daemons("own-")
+
+
+@pytest.fixture(scope="module")
+def fresh_daemon_module():
+    """Daemons shared by one module's tests, each checked to leave nothing behind."""
+    yield from _own_daemons("module-", check_clean=True)
 
 
 def error_code(r):

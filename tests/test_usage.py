@@ -62,27 +62,6 @@ def pooled(fresh_daemon_module):
     return fresh_daemon_module(args=["--pool-size", "1"])
 
 
-@pytest.fixture(scope="module")
-def fresh_daemon_module(tmp_path_factory):
-    import shutil
-
-    from harness import Daemon, scratch_dir
-
-    made = []
-    base = scratch_dir("usage-")
-
-    def make(**kw):
-        d = Daemon(base / f"d{len(made)}", **kw)
-        made.append(d)
-        return d.start()
-
-    yield make
-    for d in made:
-        d.stop()
-        d.assert_clean()
-    shutil.rmtree(base, ignore_errors=True)
-
-
 class Runner:
     """Runs code in one mode, and says whether the last two ran in the same sandbox."""
 

@@ -169,16 +169,14 @@ async fn serve_with(
     let app = api::router(state.clone(), Surface::unix(body_timeout).draining(state.shutdown.clone()));
     serve_until_stopped(&mut servers, unix, "unix", app, limits.clone(), stop_rx.clone());
     if let Some(addr) = config.http {
-        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
-        let bound = tcp.local_addr().map_err(|e| Error::Listen(addr.to_string(), e))?;
+        let (tcp, bound) = bind_tcp(addr).await?;
         tracing::info!(addr = %bound, "listening on HTTP");
         let surface = Surface::http(bound, &config.public_url, body_timeout).draining(state.shutdown.clone());
         let app = api::router(state.clone(), surface);
         serve_until_stopped(&mut servers, tcp, "http", app, limits.clone(), stop_rx.clone());
     }
     if let Some(addr) = config.metrics_listen {
-        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
-        let bound = tcp.local_addr().map_err(|e| Error::Listen(addr.to_string(), e))?;
+        let (tcp, bound) = bind_tcp(addr).await?;
         tracing::info!(addr = %bound, "serving GET /metrics without a token");
         let surface = Surface::http(bound, &config.public_url, body_timeout).draining(state.shutdown.clone());
         let app = api::metrics_router(state.clone(), surface);
@@ -252,6 +250,13 @@ struct Limits {
 /// Serve `app` on `listener` (HTTP/1, with the header timeout and the connection
 /// cap) until `stop` turns true, then let in-flight requests finish and close
 /// idle connections.
+/// A TCP listener on `addr`, and the address it got (the port, when `addr` asked for 0).
+async fn bind_tcp(addr: std::net::SocketAddr) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), Error> {
+    let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
+    let bound = tcp.local_addr().map_err(|e| Error::Listen(addr.to_string(), e))?;
+    Ok((tcp, bound))
+}
+
 fn serve_until_stopped<L>(
     servers: &mut tokio::task::JoinSet<std::io::Result<()>>,
     mut listener: L,
