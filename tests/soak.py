@@ -309,7 +309,14 @@ class Soak:
         self.check_intact("at the end")
         elapsed = time.time() - start
         d.stop(signal.SIGTERM, timeout=60)
-        self.leftovers = leftovers(d)
+        # Killed processes may take a moment to finish exiting after the daemon
+        # has (a large memory to free): what is left 5 s later was left.
+        settle = time.time() + 5
+        while True:
+            self.leftovers = leftovers(d)
+            if not any(self.leftovers.values()) or time.time() > settle:
+                break
+            time.sleep(0.1)
         return elapsed
 
     # --- report ---------------------------------------------------------------
