@@ -220,10 +220,10 @@ fn parse_origin(value: &str) -> Option<Served> {
 pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next) -> Response {
     if let Err(e) = surface.check(req.headers()) {
         tracing::info!(method = %req.method(), path = %req.uri().path(), code = e.code.as_str(), "request refused at the surface");
-        return e.into_response();
+        return refuse(req, e.into_response()).await;
     }
     if surface.is_draining() && !(req.method() == Method::GET && req.uri().path() == "/v1/health") {
-        return with_retry_after(
+        let answer = with_retry_after(
             ApiError::new(
                 Code::Unavailable,
                 format!(
@@ -232,6 +232,7 @@ pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next
             )
             .into_response(),
         );
+        return refuse(req, answer).await;
     }
     let deadline = json_route(req.method(), req.uri().path()).then(|| Instant::now() + surface.body_timeout);
     let (parts, body) = req.into_parts();
@@ -242,6 +243,19 @@ pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next
         return with_retry_after(response);
     }
     response
+}
+
+/// Most of a refused request's body taken in before the answer, and for how long.
+const REFUSED_BODY: usize = 1024 * 1024;
+const REFUSED_BODY_WAIT: Duration = Duration::from_secs(1);
+
+/// Answer a request refused before its handler with `answer`, once its body
+/// (up to [`REFUSED_BODY`], for at most [`REFUSED_BODY_WAIT`]) is taken in: a
+/// connection closed on bytes it has not read is reset, and the client loses
+/// the answer (and, kept alive, its next request too).
+async fn refuse(req: Request, answer: Response) -> Response {
+    let _ = tokio::time::timeout(REFUSED_BODY_WAIT, axum::body::to_bytes(req.into_body(), REFUSED_BODY)).await;
+    answer
 }
 
 /// `Retry-After` on a 503 answer, unless it has one.
