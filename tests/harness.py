@@ -275,10 +275,11 @@ class Daemon:
             if str(self.base) not in line:
                 continue
             # A running daemon keeps each session's workspace image mounted on its data/,
-            # and its rootfs image (shared with other test daemons) on mnt/rootfs.
+            # its rootfs image (shared with other test daemons) on mnt/rootfs, and the
+            # sandboxes' /dev on mnt/dev.
             if running and point.parent.parent == sessions and point.name == "data":
                 continue
-            if running and point == self.state / "mnt" / "rootfs":
+            if running and point in (self.state / "mnt" / "rootfs", self.state / "mnt" / "dev"):
                 continue
             mounts.append(line)
         if mounts:
@@ -307,8 +308,9 @@ class Daemon:
 
 
 
-# Sandboxes pass through the state directory's parents as an unprivileged uid,
-# so test daemons live below a world-searchable directory (pytest's tmp is 0700).
+# Some tests act on the host as a session's uid (test_surface_host), which must pass
+# through the state directory's parents: test daemons live below a world-searchable
+# directory (pytest's tmp is 0700).
 TEST_BASE = Path(os.environ.get("SANDBOXD_TEST_BASE", "/var/tmp/sandboxd-tests"))
 
 

@@ -38,6 +38,12 @@ print(json.dumps({
     "acpi": attempt(lambda: os.listdir("/proc/acpi")) if os.path.exists("/proc/acpi") else None,
     "mountinfo": mountinfo,
     "hostname": open("/proc/sys/kernel/hostname").read().strip(),
+    "devices": {
+        "null": attempt(lambda: write("/dev/null", b"x")),
+        "zero": attempt(lambda: len(open("/dev/zero", "rb").read(16))),
+        "full": attempt(lambda: write("/dev/full", b"x")),
+        "urandom": attempt(lambda: len(open("/dev/urandom", "rb").read(16))),
+    },
 }))
 '''
 
@@ -79,6 +85,23 @@ def assert_host_hidden(out, daemon, sid):
     for secret in (str(daemon.state), str(daemon.base), "/var/", sid, os.path.realpath(daemon.state)):
         assert secret not in info, (secret, info)
     table = mounts(info)
+    # No host uid in any mount's options: the sandbox's tmpfs mounts belong to host
+    # root (the kernel names any other owner's host uid, even inside), and nothing of
+    # the host's devtmpfs (its size says the host's memory): /dev is the daemon's
+    # small tree, read-only, its devices usable.
+    host_uids = {str(daemon.session_uid(sid))} | {
+        str(u) for u in range(daemon.uid_base + daemon.max_sessions(), daemon.uid_base + daemon.max_sessions() + 256)}
+    for line in info.splitlines():
+        options = line.split(" - ", 1)[1].split(" ")[2].split(",") + line.split(" ")[5].split(",")
+        assert not [o for o in options if o.startswith(("uid=", "gid="))], line
+        assert not [o for o in options if o.split("=")[-1] in host_uids], line
+    assert "devtmpfs" not in info, info
+    for host_line in open("/proc/self/mountinfo").read().splitlines():
+        if " - devtmpfs " in host_line:
+            size = [o for o in host_line.split(" - ", 1)[1].split(" ")[2].split(",") if o.startswith("size=")]
+            assert not size or size[0] not in info, (size, info)
+    assert table["/dev"][0] == "/" and "ro" in table["/dev"][1], table["/dev"]
+    assert out["devices"] == {"null": "written", "zero": 16, "full": "ENOSPC", "urandom": 16}, out["devices"]
     # The rootfs and the workspace are each the root of a filesystem of their own.
     assert table["/"][0] == "/" and "ro" in table["/"][1], table["/"]
     assert table["/mnt/data"][0] == "/", table["/mnt/data"]

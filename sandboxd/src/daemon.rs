@@ -76,7 +76,6 @@ pub fn run(config: Config) -> Result<(), Error> {
 
 async fn serve(config: Config) -> Result<(), Error> {
     std::fs::create_dir_all(&config.state_dir).map_err(|e| Error::State(config.state_dir.clone(), e))?;
-    check_searchable(&config.state_dir)?;
     let policies = policy::load_dir(&config.policies_dir)?;
     tracing::info!(dir = %config.policies_dir.display(), names = ?policies.keys().collect::<Vec<_>>(), "policies loaded");
 
@@ -330,29 +329,6 @@ fn serve_until_stopped<L>(
         }
         Ok(())
     });
-}
-
-/// Sandboxes bind their rootfs (mounted at `mnt/rootfs`) and workspace from below
-/// the state directory as an unprivileged host uid, so every directory above it must
-/// be searchable by others. The state directory itself is 0711: searchable, never
-/// listable (see [`Manager::new`]); what is below it is root's or the session's.
-fn check_searchable(dir: &std::path::Path) -> Result<(), Error> {
-    let dir = std::fs::canonicalize(dir).map_err(|e| Error::State(dir.into(), e))?;
-    for ancestor in dir.ancestors().skip(1) {
-        let mode = std::fs::metadata(ancestor).map_err(|e| Error::State(ancestor.into(), e))?.permissions().mode();
-        if mode & 0o001 == 0 {
-            return Err(Error::State(
-                dir.clone(),
-                std::io::Error::other(format!(
-                    "it is below {} (mode {:o}), which sandboxes cannot pass through: pick a state_dir whose parent directories are searchable by others (like /var/lib/sandboxd), or chmod o+x {}",
-                    ancestor.display(),
-                    mode & 0o7777,
-                    ancestor.display()
-                )),
-            ));
-        }
-    }
-    Ok(())
 }
 
 fn bind_unix(config: &Config) -> Result<tokio::net::UnixListener, Error> {

@@ -54,6 +54,7 @@ pub fn sandbox_spec(
 ) -> SandboxSpec {
     SandboxSpec {
         rootfs: rootfs.into(),
+        dev: crate::rootfs::dev_beside(rootfs),
         workspace: workspace.map(Into::into),
         argv,
         env: environment(policy),
@@ -78,15 +79,10 @@ pub fn template_spec(rootfs: &Path, uid: u32, policy: &Policy) -> SandboxSpec {
     spec
 }
 
-/// What each fork of a template under `policy` makes of itself: the same sizes
-/// and limits as a cold sandbox's.
+/// What each fork of a template under `policy` makes of itself: the same limits
+/// as a cold sandbox's.
 pub fn child_spec(policy: &Policy) -> ChildSpec {
-    ChildSpec {
-        tmp_size_bytes: policy.tmp_mb * 1024 * 1024,
-        shm_size_bytes: policy.shm_mb * 1024 * 1024,
-        rlimits: rlimits(policy),
-        seccomp: seccomp_filter(),
-    }
+    ChildSpec { rlimits: rlimits(policy), seccomp: seccomp_filter() }
 }
 
 /// The daemon's seccomp filter, compiled once. The daemon does not start without
@@ -127,6 +123,10 @@ mod tests {
         assert_eq!((s.tmp_size_bytes, s.shm_size_bytes), (3 << 20, 2 << 20));
         assert_eq!(s.rlimits, Rlimits { file_size_bytes: 5 << 20, open_files: 77 });
         assert_eq!(s.workspace.as_deref(), Some(Path::new("/w")));
+        // The daemon's shared /dev, mounted beside the rootfs.
+        assert_eq!(s.dev, Path::new("/dev"));
+        let s = sandbox_spec(Path::new("/s/mnt/rootfs"), None, 1, &p, vec![], None);
+        assert_eq!(s.dev, Path::new("/s/mnt/dev"));
         assert_eq!(s.hostname, "sandbox");
         assert!(!s.template);
         assert_eq!(s.env, environment(&p));
@@ -154,13 +154,12 @@ mod tests {
     }
 
     #[test]
-    fn a_forks_spec_matches_the_cold_sandboxs_sizes() {
+    fn a_forks_spec_matches_the_cold_sandboxs_limits() {
         let p = policy();
-        let (cold, child) = (sandbox_spec(Path::new("/r"), None, 1, &p, vec![], None), child_spec(&p));
-        assert_eq!(
-            (child.tmp_size_bytes, child.shm_size_bytes, child.rlimits),
-            (cold.tmp_size_bytes, cold.shm_size_bytes, cold.rlimits)
-        );
+        let (cold, child) = (template_spec(Path::new("/r"), 1, &p), child_spec(&p));
+        assert_eq!(child.rlimits, cold.rlimits);
+        // A fork's /tmp and /dev/shm are its template's sizes (the helper mounts them).
+        assert_eq!((cold.tmp_size_bytes, cold.shm_size_bytes), (3 << 20, 2 << 20));
     }
 
     #[test]

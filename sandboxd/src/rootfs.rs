@@ -28,6 +28,8 @@ pub enum Error {
     Image(PathBuf, io::Error),
     #[error("mounting the rootfs image {0} on {1}: {2}")]
     Mount(PathBuf, PathBuf, io::Error),
+    #[error(transparent)]
+    Dev(#[from] crate::isolate::devfs::Error),
     #[error("rootfs tarball {path} has sha256 {actual}, but {path}.sha256 says {expected}: the file is damaged or was replaced; rebuild it")]
     HashMismatch { path: PathBuf, expected: String, actual: String },
     #[error("rootfs {0} has no /opt/sandboxd/manifest.json: it was not built by rootfs/build.sh")]
@@ -44,8 +46,13 @@ pub struct Rootfs {
 }
 
 impl Rootfs {
-    /// Unmount the image (daemon shutdown); the loop device goes with it.
+    /// Unmount the image (daemon shutdown), the loop device going with it, and the
+    /// sandboxes' `/dev` beside it.
     pub fn unmount(&self) {
+        let dev = dev_beside(&self.path);
+        if let Err(e) = crate::isolate::devfs::unmount(&dev) {
+            tracing::warn!(path = %dev.display(), error = %e, "could not unmount the sandboxes' /dev");
+        }
         if crate::storage::is_mounted(&self.path) {
             if let Err(e) = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH) {
                 tracing::warn!(path = %self.path.display(), error = %e, "could not unmount the rootfs");
@@ -77,6 +84,12 @@ pub fn mount_point(state_dir: &Path) -> PathBuf {
     state_dir.join("mnt/rootfs")
 }
 
+/// Where the sandboxes' shared `/dev` ([`crate::isolate::devfs`]) is mounted:
+/// beside the rootfs mounted at `rootfs`.
+pub fn dev_beside(rootfs: &Path) -> PathBuf {
+    rootfs.with_file_name("dev")
+}
+
 /// Make sure the tarball's image exists below `state_dir/rootfs`, mount it, and
 /// return it. Blocking: call it before the runtime serves requests, or in
 /// `spawn_blocking`.
@@ -102,6 +115,10 @@ pub fn ensure(tarball: &Path, state_dir: &Path) -> Result<Rootfs, Error> {
     let target = mount_point(state_dir);
     mount(&image, &target)?;
     let rootfs = Rootfs { path: target.clone(), sha256: expected, manifest: serde_json::Value::Null };
+    if let Err(e) = crate::isolate::devfs::make(&dev_beside(&target)) {
+        rootfs.unmount();
+        return Err(e.into());
+    }
     let manifest =
         fs::read_to_string(target.join("opt/sandboxd/manifest.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
     match manifest {

@@ -9,12 +9,19 @@
 //!
 //! 1. leaves the template's namespaces for new user, mount, pid, net, ipc, uts and
 //!    cgroup namespaces (nested in the template's), mapping only the sandbox user;
-//! 2. mounts a fresh `/tmp` and `/dev/shm` over the template's;
-//! 3. forks the run's init (pid 1 of the new pid namespace), which mounts a fresh
-//!    `/proc`, brings up `lo`, and then goes through exactly the lockdown of a cold
-//!    sandbox ([`super::init::lock_down_and_fork`]): no privileges, the seccomp
-//!    filter, a new session, rlimits, Landlock;
-//! 4. returns 0 to Python in the locked-down process, which runs the user's code.
+//! 2. forks the run's init (pid 1 of the new pid namespace), which mounts a fresh
+//!    `/proc` (its files masked), brings up `lo`, and then goes through exactly the
+//!    lockdown of a cold sandbox ([`super::init::lock_down_and_fork`]): no
+//!    privileges, the seccomp filter, a new session, rlimits, Landlock;
+//! 3. returns 0 to Python in the locked-down process, which says it entered and
+//!    waits for its code.
+//!
+//! In step 2, just before Landlock (whose rules name `/tmp` and `/dev/shm`), the
+//! run's process asks the daemon on the run's socket ([`ask_to_be_furnished`]) and
+//! the template's helper (host root) mounts the fork's own `/tmp` and `/dev/shm`
+//! and masks `/proc`'s directories from outside ([`super::attach::furnish`]): a
+//! tmpfs the fork made itself would name the template's host uid in its mount
+//! options.
 //!
 //! The first fork stays outside, in the template's pid namespace: it waits for the
 //! run's init and writes how the run ended ([`Report`]) on the run's report channel,
@@ -31,7 +38,7 @@
 
 use super::channel;
 use super::init::{self, Role};
-use super::message::{Failure, InitLine, Report};
+use super::message::{Failure, ForkMessage, ForkReply, InitLine, Report};
 use super::mounts::{self, MountOp};
 use super::namespaces;
 use super::spec::{ChildSpec, SANDBOX_GID, SANDBOX_UID};
@@ -80,20 +87,13 @@ fn send(out: &mut File, msg: &Report) {
     let _ = channel::write_line(out, msg);
 }
 
-/// The mounts a fork makes over its copy of the template's filesystem.
-pub fn fresh_mounts(spec: &ChildSpec) -> Vec<MountOp> {
-    vec![
-        MountOp::Tmpfs { dst: "/tmp".into(), size_bytes: spec.tmp_size_bytes, mode: 0o1777, noexec: false },
-        MountOp::Tmpfs { dst: "/dev/shm".into(), size_bytes: spec.shm_size_bytes, mode: 0o1777, noexec: true },
-    ]
-}
-
-/// The run's own `/proc`, masked as a cold sandbox's (the template's stays fully
-/// visible, which the kernel requires for this mount).
+/// The run's own `/proc`, its files masked as a cold sandbox's (the template's
+/// stays fully visible, which the kernel requires for this mount; the directories'
+/// masks come from the helper with the fork's `/tmp`).
 pub fn fresh_proc() -> Vec<MountOp> {
     let proc = PathBuf::from("/proc");
     let mut ops = vec![MountOp::Proc { dst: proc.clone() }];
-    ops.extend(mounts::proc_masks(&proc));
+    ops.extend(mounts::proc_file_masks(&proc, std::path::Path::new("/dev/null")));
     ops
 }
 
@@ -118,7 +118,6 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
     for (file, text) in id_maps() {
         std::fs::write(format!("/proc/self/{file}"), text).map_err(Failure::at("write id maps"))?;
     }
-    mounts::apply(&fresh_mounts(spec)).map_err(Failure::at("mounts"))?;
 
     let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
     let (alive_r, alive_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
@@ -131,7 +130,7 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
             // process uses it.
             unsafe { libc::close(report) };
             drop((report_r, alive_w));
-            run_init(spec, report_w, alive_r)
+            run_init(spec, socket, report_w, alive_r)
         }
         ForkResult::Parent { child } => {
             drop((report_w, alive_r));
@@ -193,16 +192,21 @@ fn final_report(report: &str) -> Option<Report> {
     }
 }
 
-/// Pid 1 of the run: a fresh `/proc` and `lo`, then the cold sandbox's lockdown.
-/// Returns (as the run's process) only through [`Role::Program`].
-fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Failure> {
+/// Pid 1 of the run: a fresh `/proc` and `lo`, then the cold sandbox's lockdown,
+/// in which the run's process has its own filesystems mounted before Landlock
+/// ([`ask_to_be_furnished`] on `socket`). Returns (as the run's process) only
+/// through [`Role::Program`].
+fn run_init(spec: &ChildSpec, socket: RawFd, report: OwnedFd, alive: OwnedFd) -> Result<(), Failure> {
     let mut report = File::from(report);
     let alive = File::from(alive);
+    let furnish = move || ask_to_be_furnished(socket);
     let prepared = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(Failure::at("PR_SET_PDEATHSIG"))
         .and_then(|()| mounts::apply(&fresh_proc()).map_err(Failure::at("mounts")))
         .and_then(|()| namespaces::loopback_up().map_err(Failure::at("loopback")))
-        .and_then(|()| init::lock_down_and_fork(&spec.rlimits, Some(&spec.seccomp), &mut report, &alive));
+        .and_then(|()| {
+            init::lock_down_and_fork(&spec.rlimits, Some(&spec.seccomp), Some(&furnish), &mut report, &alive)
+        });
     match prepared {
         Ok(Role::Program(err_w)) => {
             drop((report, alive));
@@ -220,6 +224,39 @@ fn run_init(spec: &ChildSpec, report: OwnedFd, alive: OwnedFd) -> Result<(), Fai
             // SAFETY: as above.
             unsafe { libc::_exit(0) }
         }
+    }
+}
+
+/// Longest answer read from the daemon before Landlock.
+const FURNISHED_LINE: usize = 256;
+
+/// In the run's process, before Landlock (whose rules name `/tmp` and `/dev/shm`,
+/// so they must be the run's own by then): ask the daemon on the run's socket for
+/// the fork's own `/tmp`, `/dev/shm` and `/proc` masks, which the template's helper
+/// mounts from outside ([`super::attach::furnish`]), and wait until they are there.
+/// No user code has run: the socket is the runner's and the daemon's alone.
+fn ask_to_be_furnished(socket: RawFd) -> Result<(), Failure> {
+    use std::io::Read;
+    // SAFETY: `socket` is the run's socket, open for as long as this process lives;
+    // ManuallyDrop leaves it open for the runner, which reads on from it.
+    let mut sock = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(socket) });
+    channel::write_line(&mut *sock, &ForkMessage::Furnish(true)).map_err(Failure::at("ask for /tmp"))?;
+    // One line, a byte at a time: nothing after it may be taken from the runner.
+    let mut line = Vec::with_capacity(32);
+    let mut byte = [0u8; 1];
+    loop {
+        match sock.read(&mut byte) {
+            Ok(0) => return Err(Failure { step: "furnish", error: "the daemon closed the run's socket".into() }),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) if line.len() < FURNISHED_LINE => line.push(byte[0]),
+            Ok(_) => return Err(Failure { step: "furnish", error: "the daemon's answer is too long".into() }),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Failure::at("read the daemon's answer")(e)),
+        }
+    }
+    match channel::parse::<ForkReply>(&line) {
+        Ok(ForkReply::Furnished(true)) => Ok(()),
+        _ => Err(Failure { step: "furnish", error: "the daemon did not furnish the fork".into() }),
     }
 }
 
@@ -255,7 +292,6 @@ fn ranges_to_close(keep: &[RawFd]) -> Vec<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::isolate::spec::Rlimits;
 
     #[test]
     fn a_fork_maps_only_the_sandbox_user_and_leaves_every_namespace() {
@@ -266,27 +302,15 @@ mod tests {
     }
 
     #[test]
-    fn a_fork_gets_its_own_tmp_and_shm() {
-        let spec = ChildSpec {
-            tmp_size_bytes: 64 << 20,
-            shm_size_bytes: 8 << 20,
-            rlimits: Rlimits { file_size_bytes: 1, open_files: 2 },
-            seccomp: Default::default(),
-        };
-        let ops = fresh_mounts(&spec);
-        assert!(
-            matches!(&ops[0], MountOp::Tmpfs { dst, size_bytes, noexec: false, .. } if dst.as_os_str() == "/tmp" && *size_bytes == 64 << 20)
-        );
-        assert!(matches!(&ops[1], MountOp::Tmpfs { dst, noexec: true, .. } if dst.as_os_str() == "/dev/shm"));
-    }
-
-    #[test]
-    fn a_fork_mounts_a_fresh_proc_then_masks_it() {
+    fn a_fork_mounts_a_fresh_proc_then_masks_its_files() {
         let ops = fresh_proc();
+        let null = std::path::Path::new("/dev/null");
         assert_eq!(ops[0], MountOp::Proc { dst: "/proc".into() });
-        assert_eq!(ops[1..], mounts::proc_masks(std::path::Path::new("/proc"))[..]);
-        assert!(ops.contains(&MountOp::MaskFile { path: "/proc/cmdline".into() }));
+        assert_eq!(ops[1..], mounts::proc_file_masks(std::path::Path::new("/proc"), null)[..]);
+        assert!(ops.contains(&MountOp::MaskFile { path: "/proc/cmdline".into(), null: null.into() }));
         assert!(ops.contains(&MountOp::ReadOnly { path: "/proc/sysrq-trigger".into() }));
+        // The directories' masks are the helper's (attach::furnishings).
+        assert!(!ops.iter().any(|o| matches!(o, MountOp::MaskDir { .. } | MountOp::Tmpfs { .. })));
     }
 
     #[test]

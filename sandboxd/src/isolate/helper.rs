@@ -8,10 +8,10 @@
 //! exits, translating the init's [`InitLine`]s. The messages are in
 //! [`super::message`].
 
+use super::attach;
 use super::channel;
 use super::init;
-use super::message::{Attach, Event, Failure, InitLine};
-use super::mounts;
+use super::message::{Attach, Event, Failure, HelperRequest, InitLine};
 use super::namespaces::{self, Forked};
 use super::spec::SandboxSpec;
 use nix::sys::signal::{kill, Signal};
@@ -64,8 +64,11 @@ fn run(socket: UnixStream, stdin: Option<OwnedFd>, control: &mut Control) -> Res
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
     let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
 
+    // The sandbox's user namespace is its host uid's: what it holds of the kernel's
+    // per-user counters is charged there, not to host root.
+    let owner = namespaces::Owner { uid: spec.host_uid, gid: spec.host_gid };
     // SAFETY: the helper is single-threaded: it never starts a thread.
-    match unsafe { namespaces::clone_into_namespaces() }.map_err(Failure::at("clone namespaces"))? {
+    match unsafe { namespaces::clone_into_namespaces(owner) }.map_err(Failure::at("clone namespaces"))? {
         Forked::Child => {
             drop(go_w);
             drop(report_r);
@@ -150,10 +153,12 @@ fn supervise(
     Ok(())
 }
 
-/// Mount workspaces for the daemon ([`Attach`], answered by [`Event::Attached`]),
-/// one per run a template's fork serves, until the init ends (its report pipe
-/// turns readable) or the daemon hangs up. The daemon asks only once the run's
-/// process said it is ready, so its filesystem is built by then.
+/// Serve the daemon's [`HelperRequest`]s, one at a time, until the init ends (its
+/// report pipe turns readable) or the daemon hangs up: a template fork's own
+/// filesystems ([`HelperRequest::Furnish`], answered by [`Event::Furnished`]) and
+/// workspaces ([`HelperRequest::Attach`], answered by [`Event::Attached`]). The
+/// daemon asks only once the fork's process said it is ready, so its own
+/// namespaces and `/proc` are built by then.
 fn serve_attaches(
     spec: &SandboxSpec,
     sandbox_ns: &File,
@@ -165,6 +170,7 @@ fn serve_attaches(
     use std::os::fd::AsFd;
     // Idmap namespaces by owner: making one costs a process; a session's runs reuse it.
     let mut idmaps: std::collections::HashMap<(u32, u32), OwnedFd> = Default::default();
+    let furnishings = attach::furnishings(spec.tmp_size_bytes, spec.shm_size_bytes);
     loop {
         if !requests.buffer().contains(&b'\n') {
             let mut fds = [
@@ -179,24 +185,48 @@ fn serve_attaches(
             }
         }
         let mut line = String::new();
-        if requests.read_line(&mut line).map_err(Failure::at("read attach"))? == 0 {
+        if (&mut requests).take(REQUEST_LINE).read_line(&mut line).map_err(Failure::at("read a request"))? == 0 {
             return Ok(());
         }
-        let req: Attach = channel::parse(line.as_bytes()).map_err(Failure::at("parse attach"))?;
-        if idmaps.len() >= 64 {
-            idmaps.clear();
+        let req: HelperRequest = channel::parse(line.as_bytes()).map_err(Failure::at("parse a request"))?;
+        match req {
+            HelperRequest::Furnish { pid } => {
+                let run_ns = run_namespace(pid)?;
+                let host_ns =
+                    File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
+                attach::furnish(&furnishings, run_ns.as_fd(), host_ns.as_fd()).map_err(Failure::at("furnish"))?;
+                control.send(&Event::Furnished);
+            }
+            HelperRequest::Attach(req) => {
+                if idmaps.len() >= 64 {
+                    idmaps.clear();
+                }
+                let owner = (req.owner_uid, req.owner_gid);
+                let userns = match idmaps.remove(&owner) {
+                    Some(fd) => fd,
+                    // SAFETY: the helper is single-threaded.
+                    None => unsafe { namespaces::idmap_userns((owner.0, spec.host_uid), (owner.1, spec.host_gid)) }
+                        .map_err(Failure::at("idmap user namespace"))?,
+                };
+                attach(sandbox_ns, &req, &userns)?;
+                idmaps.insert(owner, userns);
+                control.send(&Event::Attached);
+            }
         }
-        let owner = (req.owner_uid, req.owner_gid);
-        let userns = match idmaps.remove(&owner) {
-            Some(fd) => fd,
-            // SAFETY: the helper is single-threaded.
-            None => unsafe { namespaces::idmap_userns((owner.0, spec.host_uid), (owner.1, spec.host_gid)) }
-                .map_err(Failure::at("idmap user namespace"))?,
-        };
-        attach(sandbox_ns, &req, &userns)?;
-        idmaps.insert(owner, userns);
-        control.send(&Event::Attached);
     }
+}
+
+/// Longest request line read from the daemon.
+const REQUEST_LINE: u64 = 64 * 1024;
+
+/// The mount namespace of `pid`, which must be one of this sandbox's processes.
+fn run_namespace(pid: i32) -> Result<File, Failure> {
+    let ours = std::fs::read_to_string("/proc/self/cgroup").map_err(Failure::at("read our cgroup"))?;
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(Failure::at("find the run"))?;
+    if ours != theirs {
+        return Err(Failure { step: "attach workspace", error: format!("pid {pid} is not in this sandbox") });
+    }
+    File::open(format!("/proc/{pid}/ns/mnt")).map_err(Failure::at("open the run's mount namespace"))
 }
 
 /// Mount `req`'s workspace at `/mnt/data` in the sandbox, or in the mount
@@ -204,19 +234,9 @@ fn serve_attaches(
 /// idmap of `userns`.
 fn attach(sandbox_ns: &File, req: &Attach, userns: &OwnedFd) -> Result<(), Failure> {
     use std::os::fd::AsFd;
-    let run_ns = match req.pid {
-        Some(pid) => {
-            let ours = std::fs::read_to_string("/proc/self/cgroup").map_err(Failure::at("read our cgroup"))?;
-            let theirs = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(Failure::at("find the run"))?;
-            if ours != theirs {
-                return Err(Failure { step: "attach workspace", error: format!("pid {pid} is not in this sandbox") });
-            }
-            Some(File::open(format!("/proc/{pid}/ns/mnt")).map_err(Failure::at("open the run's mount namespace"))?)
-        }
-        None => None,
-    };
+    let run_ns = req.pid.map(run_namespace).transpose()?;
     let host_ns = File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
     let target = run_ns.as_ref().unwrap_or(sandbox_ns);
-    mounts::attach_workspace(&req.workspace, userns.as_fd(), target.as_fd(), host_ns.as_fd())
+    attach::workspace(&req.workspace, userns.as_fd(), target.as_fd(), host_ns.as_fd())
         .map_err(Failure::at("attach workspace"))
 }

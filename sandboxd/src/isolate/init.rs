@@ -14,7 +14,7 @@
 use super::message::{Failure, InitLine};
 use super::mounts::{self, Layout};
 use super::seccomp::{self, Program};
-use super::spec::{Rlimits, SandboxSpec, SANDBOX_GID, SANDBOX_UID};
+use super::spec::{Rlimits, SandboxSpec};
 use super::{caps, landlock, namespaces, rlimits};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -52,13 +52,13 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
         Ok(1) => {}
         _ => return Err(Failure { step: "wait for id maps", error: "the helper is gone".into() }),
     }
-    // Files the init creates (the /dev entries) belong to the sandbox user: our
-    // host uid is not mapped in this namespace.
-    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(SANDBOX_UID));
-    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(SANDBOX_GID));
-
+    // The filesystem is built with root's filesystem ids (the helper cloned us so,
+    // see namespaces::creator), creating no file: its tmpfs mounts belong to host
+    // root, which their mount options do not name. caps::drop_all then makes every
+    // id the sandbox user's.
     let plan = mounts::plan(&Layout {
         rootfs: &spec.rootfs,
+        dev: &spec.dev,
         workspace: spec.workspace.as_deref(),
         tmp_size_bytes: spec.tmp_size_bytes,
         shm_size_bytes: spec.shm_size_bytes,
@@ -69,7 +69,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;
     namespaces::loopback_up().map_err(Failure::at("loopback"))?;
     let confine = (!spec.template).then_some(&spec.seccomp);
-    match lock_down_and_fork(&spec.rlimits, confine, report, &go)? {
+    match lock_down_and_fork(&spec.rlimits, confine, None, report, &go)? {
         Role::Init(line) => Ok(line),
         Role::Program(mut err_w) => {
             if let Err(f) = exec_program(spec, stdin) {
@@ -96,11 +96,14 @@ pub(super) enum Role {
 /// session, rlimits and Landlock, then supervise it. `confine` is the daemon's
 /// compiled filter; without it (a template's interpreter, whose forks must still
 /// make namespaces and mounts, and each confine themselves) there is neither
-/// seccomp filter nor Landlock. `parent` reads
-/// end-of-file when whoever started the init is gone.
+/// seccomp filter nor Landlock. `furnish`, when given, runs in the program's process
+/// just before Landlock (a template's fork: its own `/tmp` and `/dev/shm` must be
+/// mounted before the ruleset names them). `parent` reads end-of-file when whoever
+/// started the init is gone.
 pub(super) fn lock_down_and_fork(
     rlimits: &Rlimits,
     confine: Option<&Program>,
+    furnish: Option<&dyn Fn() -> Result<(), Failure>>,
     report: &mut File,
     parent: &File,
 ) -> Result<Role, Failure> {
@@ -136,7 +139,7 @@ pub(super) fn lock_down_and_fork(
         ForkResult::Child => {
             drop(err_r);
             let mut err_w = File::from(err_w);
-            if let Err(f) = program_setup(rlimits, confine.is_some(), &mut err_w) {
+            if let Err(f) = program_setup(rlimits, confine.is_some(), furnish, &mut err_w) {
                 let _ = err_w.write_all(failure_line(&f).as_bytes());
                 // SAFETY: leave the failed child at once, without destructors.
                 unsafe { libc::_exit(127) }
@@ -181,12 +184,20 @@ pub(super) fn devnull_stdio() {
 
 /// In the program's process, which has no privilege left and the init's seccomp
 /// filter: its own session, limits and Landlock (not for a template's interpreter:
-/// each of its forks applies its own).
-fn program_setup(rlimits: &Rlimits, landlock: bool, err_w: &mut File) -> Result<(), Failure> {
+/// each of its forks applies its own), after `furnish` when given.
+fn program_setup(
+    rlimits: &Rlimits,
+    landlock: bool,
+    furnish: Option<&dyn Fn() -> Result<(), Failure>>,
+    err_w: &mut File,
+) -> Result<(), Failure> {
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(Failure::at("sigprocmask"))?;
     nix::unistd::setsid().map_err(Failure::at("setsid"))?;
     rlimits::apply(rlimits).map_err(Failure::at("rlimits"))?;
+    if let Some(furnish) = furnish {
+        furnish()?;
+    }
     if !landlock {
         return Ok(());
     }

@@ -8,10 +8,10 @@
 //! | channel | carrier | daemon → peer | peer → daemon |
 //! |---|---|---|---|
 //! | slot | SOCK_SEQPACKET, one datagram each | [`Prepare`], then per run `r` + [`HelperFds`] | [`SlotReply`] |
-//! | helper control | stream socket, JSON lines | one [`SandboxSpec`], then [`Attach`]es | [`Event`]s |
+//! | helper control | stream socket, JSON lines | one [`SandboxSpec`], then [`HelperRequest`]s | [`Event`]s |
 //! | init report | pipe, text lines | — | [`InitLine`] (init → helper, or → a fork's outer process) |
 //! | template | the template's stdin socket, JSON lines | [`ForkRequest`] + [`ForkFds`] | [`TemplateMessage`] |
-//! | a pooled run's socket | stream socket, JSON lines | [`RunCode`] | [`ForkMessage`], then [`RunClaim`] |
+//! | a pooled run's socket | stream socket, JSON lines | [`ForkReply`], then [`RunCode`] | [`ForkMessage`]s, then [`RunClaim`] |
 //! | a pooled run's report | pipe, JSON lines | — | [`Report`] (from the fork's outer process) |
 //! | `sandboxd_enter` | a C argument | [`ChildSpec`] as JSON (the `spec` of a [`ForkRequest`]) | — |
 //! | kernel | the kernel's stdin socket | [`kernel_source`], then [`KernelCell`] lines | [`KernelMessage`] lines |
@@ -88,9 +88,21 @@ impl<'a> HelperFds<'a> {
 
 // ---- helper control --------------------------------------------------------------
 
-/// Sent to the helper of a pooled sandbox after [`Event::Started`]: mount this
-/// workspace at `/mnt/data`, its files owned by `owner` on disk appearing as the
-/// sandbox user's (an idmapped mount). The helper answers [`Event::Attached`].
+/// What the daemon asks of a pooled sandbox's helper after [`Event::Started`],
+/// one at a time, each answered by one [`Event`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum HelperRequest {
+    /// Mount a template fork's own `/tmp` and `/dev/shm`, and mask `/proc`'s
+    /// directories, in the mount namespace of `pid` (the fork's outer process),
+    /// before it is sent any code. Answered by [`Event::Furnished`].
+    Furnish { pid: i32 },
+    /// Answered by [`Event::Attached`].
+    Attach(Attach),
+}
+
+/// Mount this workspace at `/mnt/data`, its files owned by `owner` on disk
+/// appearing as the sandbox user's (an idmapped mount).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attach {
     /// Host pid of a process whose mount namespace gets the workspace: a template's
@@ -113,6 +125,8 @@ pub enum Event {
     Started { init_pid: i32 },
     /// The workspace of a pooled sandbox is mounted.
     Attached,
+    /// A template fork's own `/tmp`, `/dev/shm` and `/proc` masks are mounted.
+    Furnished,
     /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.
     Warning { message: String },
     /// The program ended by itself.
@@ -223,12 +237,24 @@ impl<'a> ForkFds<'a> {
 
 // ---- a pooled run's socket -------------------------------------------------------
 
-/// What a run's process says on the run's socket before it gets its code: it is in
-/// its own sandbox, locked down, and waits. The user's code has not run yet.
+/// What a run's process says on the run's socket before it gets its code, in this
+/// order: from `sandboxd_enter`, that it is in its own namespaces and waits for its
+/// own `/tmp`, `/dev/shm` and `/proc` masks (answered by [`ForkReply::Furnished`],
+/// before Landlock, whose rules name those mounts); from the runner, that it is
+/// in its own sandbox, locked down, and waits. The user's code has not run yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ForkMessage {
+    Furnish(bool),
     Entered(bool),
+}
+
+/// The daemon's answer to [`ForkMessage::Furnish`], on the run's socket: the fork's
+/// own filesystems are mounted (by the template's helper, from outside).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForkReply {
+    Furnished(bool),
 }
 
 /// A run's code, sent on its socket once the fork said [`ForkMessage::Entered`].
@@ -339,8 +365,6 @@ mod tests {
 
     fn child() -> ChildSpec {
         ChildSpec {
-            tmp_size_bytes: 1,
-            shm_size_bytes: 2,
             rlimits: Rlimits { file_size_bytes: 3, open_files: 4 },
             seccomp: crate::isolate::seccomp::Program::allow_all(),
         }
@@ -379,13 +403,19 @@ mod tests {
             r#"{"event":"setup_failed","step":"mounts","error":"x"}"#,
             Event::SetupFailed { step: "mounts".into(), error: "x".into() },
         );
+        exact(r#"{"event":"furnished"}"#, Event::Furnished);
         exact(
-            r#"{"pid":12,"workspace":"/w","owner_uid":5,"owner_gid":6}"#,
-            Attach { pid: Some(12), workspace: "/w".into(), owner_uid: 5, owner_gid: 6 },
+            r#"{"op":"attach","pid":12,"workspace":"/w","owner_uid":5,"owner_gid":6}"#,
+            HelperRequest::Attach(Attach { pid: Some(12), workspace: "/w".into(), owner_uid: 5, owner_gid: 6 }),
         );
+        exact(r#"{"op":"furnish","pid":12}"#, HelperRequest::Furnish { pid: 12 });
         // A pid may be left out: the sandbox's own mount namespace.
-        let a: Attach = parse(br#"{"workspace":"/w","owner_uid":5,"owner_gid":6}"#).unwrap();
-        assert_eq!(a.pid, None);
+        let a: HelperRequest = parse(br#"{"op":"attach","workspace":"/w","owner_uid":5,"owner_gid":6}"#).unwrap();
+        assert!(matches!(a, HelperRequest::Attach(Attach { pid: None, .. })));
+        for bad in [&br#"{"workspace":"/w","owner_uid":5,"owner_gid":6}"#[..], br#"{"op":"furnish"}"#, br#"{"op":"x"}"#]
+        {
+            assert!(parse::<HelperRequest>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
         for bad in [&br#"{"event":"ready"}"#[..], br#"{"event":"nope"}"#, br#"{"started":1}"#, b"{", b""] {
             assert!(parse::<Event>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
         }
@@ -428,7 +458,7 @@ mod tests {
         let req = encode(&ForkRequest { spec: child() }).unwrap();
         assert_eq!(
             String::from_utf8(req).unwrap(),
-            "{\"spec\":{\"tmp_size_bytes\":1,\"shm_size_bytes\":2,\"rlimits\":{\"file_size_bytes\":3,\"open_files\":4},\"seccomp\":\"BgAAAAAA/38=\"}}\n"
+            "{\"spec\":{\"rlimits\":{\"file_size_bytes\":3,\"open_files\":4},\"seccomp\":\"BgAAAAAA/38=\"}}\n"
         );
         for bad in [&br#"{"reaped":"x"}"#[..], br#"{"ready":{}}"#, br#"{"forked":1}"#, b"null"] {
             assert!(parse::<TemplateMessage>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
@@ -440,6 +470,9 @@ mod tests {
         // sandboxd_runner.py sends b'{"entered": true}\n', then
         // json.dumps({"exit_code": exit_code}); it reads msg["code"], ["run_id"], ["autosave"].
         assert_eq!(parse::<ForkMessage>(br#"{"entered": true}"#).unwrap(), ForkMessage::Entered(true));
+        // Before it, sandboxd_enter asks for the fork's own filesystems, and is answered.
+        exact(r#"{"furnish":true}"#, ForkMessage::Furnish(true));
+        exact(r#"{"furnished":true}"#, ForkReply::Furnished(true));
         assert_eq!(parse::<RunClaim>(br#"{"exit_code": 255}"#).unwrap(), RunClaim::ExitCode(255));
         exact(r#"{"exit_code":0}"#, RunClaim::ExitCode(0));
         let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true };

@@ -13,11 +13,14 @@
 //! The processes' side: [`slot`] (a resident process per cgroup) forks the run's
 //! [`helper`], which clones [`init`] (pid 1 in the sandbox); a template's forks
 //! run [`fork`] (`sandboxd_enter`). One file per mechanism: [`namespaces`],
-//! [`mounts`], [`cgroup`], [`caps`], [`rlimits`], [`landlock`], [`seccomp`].
+//! [`mounts`] (built inside), [`attach`] (mounted from outside), [`devfs`] (the
+//! shared `/dev`), [`cgroup`], [`caps`], [`rlimits`], [`landlock`], [`seccomp`].
 
+pub mod attach;
 pub mod caps;
 pub mod cgroup;
 pub mod channel;
+pub mod devfs;
 pub mod fork;
 pub mod helper;
 pub mod init;

@@ -1,16 +1,20 @@
 //! The sandbox's filesystem: the rootfs read-only as `/`, the workspace read-write
-//! at `/mnt/data`, private tmpfs `/tmp` and `/dev/shm`, a minimal `/dev`, a fresh
-//! `/proc` with what container runtimes mask in it ([`proc_masks`]), then
-//! `pivot_root` so nothing of the host stays reachable.
+//! at `/mnt/data`, private tmpfs `/tmp` and `/dev/shm`, the daemon's shared `/dev`
+//! ([`super::devfs`]) read-only, a fresh `/proc` with what container runtimes mask
+//! in it ([`proc_masks`]), then `pivot_root` so nothing of the host stays reachable.
 //!
 //! [`plan`] is pure (unit-tested); [`apply`] performs the plan in the sandbox's own
-//! mount namespace. A pooled sandbox is built without its workspace, which
-//! [`attach_workspace`] mounts later, when a run takes the sandbox.
+//! mount namespace. The init applies it with root's filesystem ids (see
+//! [`super::namespaces::creator`]) and creates no file: the tmpfs mounts it makes
+//! belong to host root, which the kernel does not name in their mount options (it
+//! would name any other host uid, even inside). A pooled sandbox is built without
+//! its workspace, which the helper mounts later, when a run takes the sandbox, and
+//! each of its forks gets its own `/tmp`, `/dev/shm` and `/proc` masks from the
+//! helper too ([`super::attach`]).
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::statvfs::{statvfs, FsFlags};
 use nix::unistd::{chdir, pivot_root};
-use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -21,22 +25,23 @@ pub struct Error {
     source: nix::Error,
 }
 
-/// Device nodes bound from the host into the sandbox's `/dev`.
-pub const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MountOp {
     /// Stop mount events propagating to or from the host.
     MakeRootPrivate,
-    /// Bind `src` onto `dst`; `dst` is created as an empty file first when `file`.
+    /// Bind `src` onto `dst`.
     Bind {
         src: PathBuf,
         dst: PathBuf,
-        file: bool,
     },
     /// Make the mount at `path` read-only, nosuid and nodev (keeping flags the
     /// kernel locked on it).
     RemountReadOnly {
+        path: PathBuf,
+    },
+    /// Make the bound `/dev` at `path` read-only, nosuid and noexec: its device
+    /// nodes stay usable.
+    RemountDevices {
         path: PathBuf,
     },
     /// Add nosuid and nodev to the bind mount at `path`.
@@ -49,19 +54,13 @@ pub enum MountOp {
         mode: u32,
         noexec: bool,
     },
-    Mkdir {
-        path: PathBuf,
-    },
-    Symlink {
-        target: &'static str,
-        link: PathBuf,
-    },
     Proc {
         dst: PathBuf,
     },
-    /// Bind `/dev/null` over the file at `path`, if there is one.
+    /// Bind `null` (the sandbox's `/dev/null`) over the file at `path`, if there is one.
     MaskFile {
         path: PathBuf,
+        null: PathBuf,
     },
     /// Mount an empty read-only tmpfs over the directory at `path`, if there is one.
     MaskDir {
@@ -81,7 +80,9 @@ pub enum MountOp {
 #[derive(Debug, Clone)]
 pub struct Layout<'a> {
     pub rootfs: &'a Path,
-    /// `None`: the workspace is attached later ([`attach_workspace`]).
+    /// The daemon's shared `/dev` tree ([`super::devfs`]).
+    pub dev: &'a Path,
+    /// `None`: the workspace is attached later ([`super::attach::workspace`]).
     pub workspace: Option<&'a Path>,
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
@@ -115,12 +116,25 @@ pub const PROC_MASKED_DIRS: [&str; 4] = ["acpi", "asound", "driver", "scsi"];
 /// What stays readable in `/proc` but never writable, whatever the user namespace.
 pub const PROC_READ_ONLY: [&str; 5] = ["bus", "fs", "irq", "sys", "sysrq-trigger"];
 
-/// What is masked in the procfs mounted at `proc` (as container runtimes do).
-pub fn proc_masks(proc: &Path) -> Vec<MountOp> {
-    let files = PROC_MASKED_FILES.iter().map(|f| MountOp::MaskFile { path: proc.join(f) });
-    let dirs = PROC_MASKED_DIRS.iter().map(|d| MountOp::MaskDir { path: proc.join(d) });
+/// What is masked in the procfs mounted at `proc`, with `null` (the sandbox's
+/// `/dev/null`) bound over files: everything container runtimes mask, the
+/// directories included ([`proc_dir_masks`]).
+pub fn proc_masks(proc: &Path, null: &Path) -> Vec<MountOp> {
+    let mut ops = proc_file_masks(proc, null);
+    ops.extend(proc_dir_masks(proc));
+    ops
+}
+
+/// The files of [`proc_masks`] (`null` over each) and what stays read-only.
+pub fn proc_file_masks(proc: &Path, null: &Path) -> Vec<MountOp> {
+    let files = PROC_MASKED_FILES.iter().map(|f| MountOp::MaskFile { path: proc.join(f), null: null.into() });
     let read_only = PROC_READ_ONLY.iter().map(|p| MountOp::ReadOnly { path: proc.join(p) });
-    files.chain(dirs).chain(read_only).collect()
+    files.chain(read_only).collect()
+}
+
+/// The directories of [`proc_masks`]: an empty read-only tmpfs over each.
+pub fn proc_dir_masks(proc: &Path) -> Vec<MountOp> {
+    PROC_MASKED_DIRS.iter().map(|d| MountOp::MaskDir { path: proc.join(d) }).collect()
 }
 
 /// The mount operations, in order.
@@ -128,91 +142,24 @@ pub fn plan(l: &Layout) -> Vec<MountOp> {
     use MountOp::*;
     let root = l.rootfs;
     let dev = root.join("dev");
-    let mut ops = vec![
-        MakeRootPrivate,
-        Bind { src: root.into(), dst: root.into(), file: false },
-        RemountReadOnly { path: root.into() },
-    ];
+    let mut ops =
+        vec![MakeRootPrivate, Bind { src: root.into(), dst: root.into() }, RemountReadOnly { path: root.into() }];
     if let Some(workspace) = l.workspace {
-        ops.push(Bind { src: workspace.into(), dst: root.join("mnt/data"), file: false });
+        ops.push(Bind { src: workspace.into(), dst: root.join("mnt/data") });
         ops.push(RemountNoSuidNoDev { path: root.join("mnt/data") });
     }
     ops.extend([
         Tmpfs { dst: root.join("tmp"), size_bytes: l.tmp_size_bytes, mode: 0o1777, noexec: false },
-        Tmpfs { dst: dev.clone(), size_bytes: 64 * 1024, mode: 0o755, noexec: true },
+        Bind { src: l.dev.into(), dst: dev.clone() },
+        RemountDevices { path: dev.clone() },
+        Tmpfs { dst: dev.join("shm"), size_bytes: l.shm_size_bytes, mode: 0o1777, noexec: true },
+        Proc { dst: root.join("proc") },
     ]);
-    for name in DEVICES {
-        ops.push(Bind { src: Path::new("/dev").join(name), dst: dev.join(name), file: true });
-    }
-    ops.push(Mkdir { path: dev.join("shm") });
-    ops.push(Tmpfs { dst: dev.join("shm"), size_bytes: l.shm_size_bytes, mode: 0o1777, noexec: true });
-    for (target, name) in [
-        ("/proc/self/fd", "fd"),
-        ("/proc/self/fd/0", "stdin"),
-        ("/proc/self/fd/1", "stdout"),
-        ("/proc/self/fd/2", "stderr"),
-    ] {
-        ops.push(Symlink { target, link: dev.join(name) });
-    }
-    ops.push(RemountReadOnly { path: dev });
-    ops.push(Proc { dst: root.join("proc") });
     if l.mask_proc {
-        ops.extend(proc_masks(&root.join("proc")));
+        ops.extend(proc_masks(&root.join("proc"), &dev.join("null")));
     }
     ops.push(PivotRoot { new_root: root.into() });
     ops
-}
-
-/// Mount the host directory `workspace` at `/mnt/data` in a running sandbox whose
-/// mount namespace is `sandbox_ns`, nosuid and nodev, with the idmap of `userns`
-/// (see [`super::namespaces::idmap_userns`]): a detached copy of the mount is made
-/// in the host's namespace, then moved into place from inside the sandbox's.
-/// The caller (host root, single-threaded) is back in `host_ns` when this returns.
-pub fn attach_workspace(
-    workspace: &Path,
-    userns: BorrowedFd,
-    sandbox_ns: BorrowedFd,
-    host_ns: BorrowedFd,
-) -> Result<(), Error> {
-    let data = Path::new("/mnt/data");
-    let tree = rustix::mount::open_tree(
-        rustix::fs::CWD,
-        workspace,
-        rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
-    )
-    .map_err(|e| err("open_tree", workspace)(nix::Error::from_raw(e.raw_os_error())))?;
-    let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: mount_setattr reads `attr` (its size passed along) and the empty path,
-    // both alive for the call; it only changes the detached mount behind `tree`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(err("mount_setattr (idmap, nosuid, nodev)", workspace)(nix::Error::last()));
-    }
-    nix::sched::setns(sandbox_ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(err("setns", data))?;
-    let moved = rustix::mount::move_mount(
-        &tree,
-        c"",
-        rustix::fs::CWD,
-        data,
-        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| err("move_mount", data)(nix::Error::from_raw(e.raw_os_error())));
-    nix::sched::setns(host_ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(err("setns back", Path::new("/")))?;
-    moved
 }
 
 fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> Error + 'a {
@@ -228,19 +175,15 @@ pub fn apply(ops: &[MountOp]) -> Result<(), Error> {
                 mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
                     .map_err(err("make / private", Path::new("/")))?;
             }
-            MountOp::Bind { src, dst, file } => {
-                if *file {
-                    std::fs::File::create(dst).map_err(|e| Error {
-                        op: "create",
-                        path: dst.clone(),
-                        source: io_errno(e),
-                    })?;
-                }
+            MountOp::Bind { src, dst } => {
                 mount(Some(src.as_path()), dst.as_path(), none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
                     .map_err(err("bind", dst))?;
             }
             MountOp::RemountReadOnly { path } => {
                 remount(path, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?
+            }
+            MountOp::RemountDevices { path } => {
+                remount(path, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)?
             }
             MountOp::RemountNoSuidNoDev { path } => remount(path, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?,
             MountOp::Tmpfs { dst, size_bytes, mode, noexec } => {
@@ -252,20 +195,13 @@ pub fn apply(ops: &[MountOp]) -> Result<(), Error> {
                 mount(Some("tmpfs"), dst.as_path(), Some("tmpfs"), flags, Some(data.as_str()))
                     .map_err(err("mount tmpfs", dst))?;
             }
-            MountOp::Mkdir { path } => {
-                nix::unistd::mkdir(path.as_path(), nix::sys::stat::Mode::from_bits_truncate(0o755))
-                    .map_err(err("mkdir", path))?;
-            }
-            MountOp::Symlink { target, link } => {
-                nix::unistd::symlinkat(*target, nix::fcntl::AT_FDCWD, link.as_path()).map_err(err("symlink", link))?;
-            }
             MountOp::Proc { dst } => {
                 let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
                 mount(Some("proc"), dst.as_path(), Some("proc"), flags, none).map_err(err("mount proc", dst))?;
             }
-            MountOp::MaskFile { path } => {
+            MountOp::MaskFile { path, null } => {
                 if exists(path)? {
-                    mount(Some("/dev/null"), path.as_path(), none, MsFlags::MS_BIND, none)
+                    mount(Some(null.as_path()), path.as_path(), none, MsFlags::MS_BIND, none)
                         .map_err(err("mask", path))?;
                 }
             }
@@ -327,22 +263,23 @@ fn exists(path: &Path) -> Result<bool, Error> {
     }
 }
 
-fn io_errno(e: std::io::Error) -> nix::Error {
-    nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn layout() -> Vec<MountOp> {
+    fn layout_with(workspace: Option<&Path>, mask_proc: bool) -> Vec<MountOp> {
         plan(&Layout {
             rootfs: Path::new("/r"),
-            workspace: Some(Path::new("/w")),
+            dev: Path::new("/d"),
+            workspace,
             tmp_size_bytes: 1 << 20,
             shm_size_bytes: 2 << 20,
-            mask_proc: true,
+            mask_proc,
         })
+    }
+
+    fn layout() -> Vec<MountOp> {
+        layout_with(Some(Path::new("/w")), true)
     }
 
     #[test]
@@ -358,7 +295,7 @@ mod tests {
         let bind = ops.iter().position(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r")));
         let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r".into() });
         assert!(bind.is_some() && ro > bind);
-        assert!(ops.contains(&MountOp::Bind { src: "/w".into(), dst: "/r/mnt/data".into(), file: false }));
+        assert!(ops.contains(&MountOp::Bind { src: "/w".into(), dst: "/r/mnt/data".into() }));
         assert!(ops.contains(&MountOp::RemountNoSuidNoDev { path: "/r/mnt/data".into() }));
     }
 
@@ -369,13 +306,7 @@ mod tests {
 
     #[test]
     fn a_pooled_sandbox_starts_without_a_workspace() {
-        let ops = plan(&Layout {
-            rootfs: Path::new("/r"),
-            workspace: None,
-            tmp_size_bytes: 1,
-            shm_size_bytes: 1,
-            mask_proc: true,
-        });
+        let ops = layout_with(None, true);
         assert!(!ops.iter().any(|o| matches!(o, MountOp::Bind { dst, .. } if dst == Path::new("/r/mnt/data"))));
         assert_eq!(ops.len() + 2, layout().len());
     }
@@ -385,10 +316,15 @@ mod tests {
         let ops = layout();
         let proc = ops.iter().position(|o| *o == MountOp::Proc { dst: "/r/proc".into() }).unwrap();
         let pivot = ops.iter().position(|o| matches!(o, MountOp::PivotRoot { .. })).unwrap();
-        let masks = proc_masks(Path::new("/r/proc"));
+        // The sandbox's own /dev/null (the daemon's /dev), never the host's.
+        let null = Path::new("/r/dev/null");
+        let masks = proc_masks(Path::new("/r/proc"), null);
         assert_eq!(ops[proc + 1..pivot], masks[..]);
         for f in ["cmdline", "kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "interrupts"] {
-            assert!(masks.contains(&MountOp::MaskFile { path: Path::new("/r/proc").join(f) }), "{f}");
+            assert!(
+                masks.contains(&MountOp::MaskFile { path: Path::new("/r/proc").join(f), null: null.into() }),
+                "{f}"
+            );
         }
         for d in ["acpi", "scsi", "asound"] {
             assert!(masks.contains(&MountOp::MaskDir { path: Path::new("/r/proc").join(d) }), "{d}");
@@ -397,7 +333,7 @@ mod tests {
             assert!(masks.contains(&MountOp::ReadOnly { path: Path::new("/r/proc").join(p) }), "{p}");
         }
         assert!(masks.iter().all(|m| match m {
-            MountOp::MaskFile { path } | MountOp::MaskDir { path } | MountOp::ReadOnly { path } =>
+            MountOp::MaskFile { path, .. } | MountOp::MaskDir { path } | MountOp::ReadOnly { path } =>
                 path.starts_with("/r/proc") && path != Path::new("/r/proc"),
             _ => false,
         }));
@@ -405,13 +341,7 @@ mod tests {
 
     #[test]
     fn a_template_keeps_its_proc_fully_visible() {
-        let ops = plan(&Layout {
-            rootfs: Path::new("/r"),
-            workspace: None,
-            tmp_size_bytes: 1,
-            shm_size_bytes: 1,
-            mask_proc: false,
-        });
+        let ops = layout_with(None, false);
         assert!(ops.contains(&MountOp::Proc { dst: "/r/proc".into() }));
         assert!(!ops
             .iter()
@@ -436,19 +366,18 @@ mod tests {
     }
 
     #[test]
-    fn dev_holds_only_the_listed_devices_and_ends_read_only() {
+    fn dev_is_the_daemons_tree_bound_read_only_with_shm_mounted_on_it() {
         let ops = layout();
-        let devices: Vec<_> = ops
-            .iter()
-            .filter_map(|o| match o {
-                MountOp::Bind { src, file: true, .. } => Some(src.clone()),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(devices.len(), DEVICES.len());
-        assert!(devices.iter().all(|d| d.starts_with("/dev")));
-        let ro = ops.iter().position(|o| *o == MountOp::RemountReadOnly { path: "/r/dev".into() });
-        let last_dev = ops.iter().rposition(|o| matches!(o, MountOp::Symlink { .. }));
-        assert!(ro > last_dev);
+        let at = |op: &MountOp| ops.iter().position(|o| o == op);
+        let bind = at(&MountOp::Bind { src: "/d".into(), dst: "/r/dev".into() });
+        let ro = at(&MountOp::RemountDevices { path: "/r/dev".into() });
+        let shm = ops.iter().position(|o| matches!(o, MountOp::Tmpfs { dst, .. } if dst == Path::new("/r/dev/shm")));
+        assert!(bind.is_some() && bind < ro && ro < shm, "{ops:?}");
+        // Nothing else lands in /dev, and the init creates no file anywhere.
+        let in_dev = ops.iter().filter(|o| match o {
+            MountOp::Bind { dst, .. } | MountOp::Tmpfs { dst, .. } => dst.starts_with("/r/dev"),
+            _ => false,
+        });
+        assert_eq!(in_dev.count(), 2);
     }
 }

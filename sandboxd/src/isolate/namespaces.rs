@@ -1,6 +1,12 @@
 //! The namespaces: one `clone` makes the sandbox's init in new user, mount, pid,
 //! net, ipc, uts and cgroup namespaces; its parent (still host root) then writes the
 //! uid/gid maps. Inside, the loopback interface is brought up and the hostname set.
+//!
+//! The user namespace is made by the sandbox's own host uid, not by root
+//! ([`Owner`], [`creator`]): the kernel charges its per-user counters (inotify
+//! instances and watches, queued signals, message queue bytes, locked shared
+//! memory, processes, namespaces) to the namespace's user and then to the owner of
+//! each namespace above it, so a namespace that root made would spend host root's.
 
 use super::spec::{SANDBOX_GID, SANDBOX_UID};
 use nix::unistd::Pid;
@@ -18,6 +24,8 @@ pub enum Error {
     Hostname(nix::Error),
     #[error("unshare a nested user namespace: {0}")]
     Nest(nix::Error),
+    #[error("taking the sandbox owner's ids around the clone: {0}")]
+    Owner(nix::Error),
 }
 
 /// Every namespace a sandbox gets.
@@ -34,11 +42,52 @@ pub enum Forked {
     Parent(Pid),
 }
 
-/// Fork into new namespaces. The child is pid 1 of its pid namespace.
+/// Whose the sandbox's user namespace is: the host uid and gid the sandbox user
+/// maps to (its session's, or a pooled template's). What the sandbox holds of the
+/// kernel's per-user counters is charged to this uid, never to host root's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The ids a process holds, as (real, effective, saved, filesystem).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ids {
+    pub real: u32,
+    pub effective: u32,
+    pub saved: u32,
+    pub fs: u32,
+}
+
+/// The uids and gids the helper (host root) takes for the one `clone` that makes
+/// a sandbox's namespaces, and gives back at once after it:
+///
+/// - effective: the owner's, since the kernel makes the effective uid the new user
+///   namespace's owner (and the owner is who its counters are charged to);
+/// - real and saved: root's, so the helper may take root's effective ids back, and
+///   the sandbox's init keeps them (unmapped, shown as nobody inside) until it
+///   drops every privilege;
+/// - filesystem: root's, so the init builds the sandbox's filesystem with the same
+///   file access as before, and the tmpfs mounts it makes belong to no host uid (the
+///   kernel shows a tmpfs owner other than root in its mount options, even inside).
+pub fn creator(owner: Owner) -> (Ids, Ids) {
+    let ids = |id| Ids { real: 0, effective: id, saved: 0, fs: 0 };
+    (ids(owner.uid), ids(owner.gid))
+}
+
+/// Fork into new namespaces, the user namespace owned by `owner` ([`creator`]).
+/// The child is pid 1 of its pid namespace; the parent is back to root's ids when
+/// this returns (and its parent-death signal, which changing ids clears, is set
+/// again).
 ///
 /// # Safety
-/// The caller must be single-threaded (the helper process is), as after `fork`.
-pub unsafe fn clone_into_namespaces() -> Result<Forked, Error> {
+/// The caller must be single-threaded (the helper process is), as after `fork`:
+/// the ids are changed for this thread alone.
+pub unsafe fn clone_into_namespaces(owner: Owner) -> Result<Forked, Error> {
+    let (uid, gid) = creator(owner);
+    let parent = nix::unistd::getppid();
+    become_ids(uid, gid).map_err(Error::Owner)?;
     // SAFETY: a raw clone with a NULL stack behaves like fork: the child continues on
     // a copy of the caller's stack. The caller guarantees there is one thread, so no
     // lock can be held by a thread that does not exist in the child.
@@ -52,11 +101,43 @@ pub unsafe fn clone_into_namespaces() -> Result<Forked, Error> {
             0 as libc::c_ulong,
         )
     };
-    match rc {
+    let cloned = match rc {
         -1 => Err(Error::Clone(nix::Error::last())),
-        0 => Ok(Forked::Child),
+        0 => return Ok(Forked::Child),
         pid => Ok(Forked::Parent(Pid::from_raw(pid as i32))),
+    };
+    let root = Ids { real: 0, effective: 0, saved: 0, fs: 0 };
+    become_ids(root, root).map_err(Error::Owner)?;
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(Error::Owner)?;
+    // The signal was not armed for a moment: a parent that died meanwhile is seen here.
+    if nix::unistd::getppid() != parent {
+        return Err(Error::Owner(nix::Error::ESRCH));
     }
+    cloned
+}
+
+/// Take `uid` and `gid` (effective ids go back to root first, so every change is
+/// allowed: the real and saved ids stay root throughout).
+fn become_ids(uid: Ids, gid: Ids) -> Result<(), nix::Error> {
+    use nix::unistd::{setfsgid, setfsuid, setresgid, setresuid, Gid, Uid};
+    let (u, g) = (Uid::from_raw, Gid::from_raw);
+    setresuid(u(0), u(0), u(0))?;
+    setresgid(g(gid.real), g(gid.effective), g(gid.saved))?;
+    setresuid(u(uid.real), u(uid.effective), u(uid.saved))?;
+    setfsgid(g(gid.fs));
+    setfsuid(u(uid.fs));
+    // setfsuid and setfsgid answer the id held before the call, never an error:
+    // calling them again with the same id reads what the first call left.
+    let (fs_u, fs_g) = (setfsuid(u(uid.fs)).as_raw(), setfsgid(g(gid.fs)).as_raw());
+    let (got_u, got_g) = (nix::unistd::getresuid()?, nix::unistd::getresgid()?);
+    let held = (
+        Ids { real: got_u.real.as_raw(), effective: got_u.effective.as_raw(), saved: got_u.saved.as_raw(), fs: fs_u },
+        Ids { real: got_g.real.as_raw(), effective: got_g.effective.as_raw(), saved: got_g.saved.as_raw(), fs: fs_g },
+    );
+    if held != (uid, gid) {
+        return Err(nix::Error::EPERM);
+    }
+    Ok(())
 }
 
 /// The lines written to `uid_map` and `gid_map`: the sandbox user alone, mapped to
@@ -206,6 +287,17 @@ mod tests {
         ] {
             assert_ne!(CLONE_FLAGS & f, 0);
         }
+    }
+
+    #[test]
+    fn the_namespace_is_its_owners_and_everything_else_stays_roots() {
+        // The kernel makes the effective uid the owner of a new user namespace: the
+        // sandbox's host uid, which its per-user counters are then charged to. Real
+        // and saved stay root (the helper takes root back at once), and so do the
+        // filesystem ids (the init's tmpfs mounts then name no host uid).
+        let (u, g) = creator(Owner { uid: 600_001, gid: 600_002 });
+        assert_eq!(u, Ids { real: 0, effective: 600_001, saved: 0, fs: 0 });
+        assert_eq!(g, Ids { real: 0, effective: 600_002, saved: 0, fs: 0 });
     }
 
     #[test]

@@ -7,7 +7,9 @@
 
 use super::cgroup;
 use super::channel::{self, Channel};
-use super::message::{Attach, Event, ForkFds, ForkMessage, ForkRequest, Report, RunCode, TemplateMessage};
+use super::message::{
+    Attach, Event, ForkFds, ForkMessage, ForkReply, ForkRequest, HelperRequest, Report, RunCode, TemplateMessage,
+};
 use super::output::Chunk;
 use super::process::{children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pair};
 use super::sandboxes::Sandboxes;
@@ -64,6 +66,35 @@ pub struct Forked {
     /// The run's init, to kill it once the run is over without ever signalling
     /// another process that got its pid after it died.
     init_pidfd: OwnedFd,
+}
+
+fn fork_failed(error: &str) -> Error {
+    Error::Setup { step: "fork".into(), error: error.into() }
+}
+
+/// Wait for the fork's next message, which must be `want` ([`ForkMessage`]s come in
+/// order). A fork that ended first says why in its report (written by the time its
+/// socket closes).
+async fn fork_says(
+    program: &mut Channel<tokio::net::UnixStream>,
+    report: &mut Channel<tokio::net::unix::pipe::Receiver>,
+    want: ForkMessage,
+) -> Result<(), Error> {
+    let why = |ended: Result<Option<Report>, channel::Error>| match ended {
+        Ok(Some(Report::Failed { step, error })) => Error::Setup { step, error },
+        _ => fork_failed("the template's fork ended"),
+    };
+    tokio::select! {
+        said = program.recv::<ForkMessage>() => match said {
+            Ok(Some(m)) if m == want => Ok(()),
+            Ok(None) => {
+                let ended = tokio::time::timeout(Duration::from_secs(1), report.recv::<Report>()).await;
+                Err(ended.map(why).unwrap_or_else(|_| fork_failed("the template's fork ended")))
+            }
+            Ok(Some(_)) | Err(_) => Err(fork_failed("the template's fork broke the protocol")),
+        },
+        ended = report.recv::<Report>() => Err(why(ended)),
+    }
 }
 
 /// A fork requested, not yet known to be in its namespaces.
@@ -209,46 +240,36 @@ impl PooledTemplate {
         })
     }
 
-    /// Wait until the fork says it is in its own namespaces; find its host pids.
+    /// Wait until the fork says it is in its own namespaces; have its own
+    /// filesystems mounted when it asks; find its host pids.
     async fn await_fork(&mut self, pending: PendingFork) -> Result<Forked, Error> {
         let PendingFork { mut program, mut report, stdout, stderr } = pending;
-        let fork_failed = |error: &str| Error::Setup { step: "fork".into(), error: error.into() };
-        // Why a fork ended before it entered: its report (it has written it by the
-        // time its socket closes).
-        let why = |ended: Result<Option<Report>, channel::Error>| match ended {
-            Ok(Some(Report::Failed { step, error })) => Error::Setup { step, error },
-            _ => fork_failed("the template's fork ended"),
-        };
         let entered = async {
-            tokio::select! {
-                first = program.recv::<ForkMessage>() => match first {
-                    Ok(Some(ForkMessage::Entered(true))) => Ok(()),
-                    Ok(None) => {
-                        let ended = tokio::time::timeout(Duration::from_secs(1), report.recv::<Report>()).await;
-                        Err(ended.map(why).unwrap_or_else(|_| fork_failed("the template's fork ended")))
-                    }
-                    Ok(Some(_)) | Err(_) => Err(fork_failed("the template's fork broke the protocol")),
-                },
-                ended = report.recv::<Report>() => Err(why(ended)),
-            }
+            // Before Landlock, the run's process asks for its own /tmp, /dev/shm and
+            // /proc masks: the helper (host root) mounts them, and it is told so.
+            fork_says(&mut program, &mut report, ForkMessage::Furnish(true)).await?;
+            let python = self.python_pid()?;
+            // The template's only fork still running: the others were reaped, or are
+            // being torn down (their outer process has no child left).
+            let outer_pid = children(python)
+                .into_iter()
+                .find(|p| !children(*p).is_empty())
+                .ok_or_else(|| fork_failed("the fork is not there"))?;
+            let init_pid = children(outer_pid).first().copied().ok_or(Error::NoStatus)?;
+            let init_pidfd = pidfd_open(init_pid).map_err(Error::Control)?;
+            // The run's process is waiting (for its filesystems, then its code), so its
+            // init (which waits for it) is still the process behind `init_pid`.
+            let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
+            self.ask_helper(&HelperRequest::Furnish { pid: outer_pid }, &Event::Furnished).await?;
+            program.send(&ForkReply::Furnished(true)).await?;
+            fork_says(&mut program, &mut report, ForkMessage::Entered(true)).await?;
+            Ok::<_, Error>((outer_pid, init_pid, program_pid, init_pidfd))
         };
-        match tokio::time::timeout(Duration::from_secs(10), entered).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(fork_failed("no fork within 10 s")),
-        }
-        let python = self.python_pid()?;
-        // The template's only fork still running: the others were reaped, or are
-        // being torn down (their outer process has no child left).
-        let outer_pid = children(python)
-            .into_iter()
-            .find(|p| !children(*p).is_empty())
-            .ok_or(Error::Setup { step: "fork".into(), error: "the fork is not there".into() })?;
-        let init_pid = children(outer_pid).first().copied().ok_or(Error::NoStatus)?;
-        let init_pidfd = pidfd_open(init_pid).map_err(Error::Control)?;
-        // The run's process is waiting for its code, so its init (which waits for
-        // it) is still the process behind `init_pid`.
-        let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
+        let (outer_pid, init_pid, program_pid, init_pidfd) =
+            match tokio::time::timeout(Duration::from_secs(10), entered).await {
+                Ok(found) => found?,
+                Err(_) => return Err(fork_failed("no fork within 10 s")),
+            };
         Ok(Forked { program, report, stdout, stderr, outer_pid, init_pid, program_pid, init_pidfd })
     }
 
@@ -258,12 +279,17 @@ impl PooledTemplate {
         let req =
             Attach { pid: Some(forked.outer_pid), workspace: workspace.into(), owner_uid: owner, owner_gid: owner };
         self.slot.cg.set_idle(false)?;
+        self.ask_helper(&HelperRequest::Attach(req), &Event::Attached).await
+    }
+
+    /// Send the sandbox's helper `req` and wait for its answer, `done`.
+    async fn ask_helper(&mut self, req: &HelperRequest, done: &Event) -> Result<(), Error> {
         let control = self.sandbox.control.as_mut().ok_or(Error::NoStatus)?;
-        control.send(&req).await?;
+        control.send(req).await?;
         loop {
             match self.sandbox.next_event().await? {
-                Event::Attached => return Ok(()),
                 Event::SetupFailed { step, error } => return Err(Error::Setup { step, error }),
+                e if e == *done => return Ok(()),
                 _ => continue,
             }
         }

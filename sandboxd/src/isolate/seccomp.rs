@@ -290,11 +290,6 @@ pub fn allowed() -> Vec<(&'static str, i64)> {
         SYS_sysinfo,
         SYS_getrandom,
         SYS_restart_syscall,
-        SYS_io_setup,
-        SYS_io_destroy,
-        SYS_io_getevents,
-        SYS_io_submit,
-        SYS_io_cancel,
     ];
     v.sort_by_key(|(_, nr)| *nr);
     v
@@ -326,6 +321,13 @@ pub const DENIED: &[(&str, i64)] = &[
     ("io_uring_setup", libc::SYS_io_uring_setup),
     ("io_uring_enter", libc::SYS_io_uring_enter),
     ("io_uring_register", libc::SYS_io_uring_register),
+    // Linux AIO: every context counts against one host-wide limit (fs.aio-max-nr),
+    // which one sandbox could hold whole for its session's life.
+    ("io_setup", libc::SYS_io_setup),
+    ("io_destroy", libc::SYS_io_destroy),
+    ("io_getevents", libc::SYS_io_getevents),
+    ("io_submit", libc::SYS_io_submit),
+    ("io_cancel", libc::SYS_io_cancel),
     ("kexec_load", libc::SYS_kexec_load),
     ("kexec_file_load", libc::SYS_kexec_file_load),
     ("init_module", libc::SYS_init_module),

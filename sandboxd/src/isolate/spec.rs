@@ -15,6 +15,8 @@ pub const SANDBOX_GID: u32 = 1000;
 pub struct SandboxSpec {
     /// The unpacked rootfs, mounted read-only as `/`.
     pub rootfs: PathBuf,
+    /// The daemon's shared `/dev` tree ([`super::devfs`]), bound read-only at `/dev`.
+    pub dev: PathBuf,
     /// The session workspace, mounted read-write at `/mnt/data`. `None` for a pooled
     /// sandbox: its program starts with a socket as stdin, and the workspace is
     /// attached later, when a run takes the sandbox ([`super::message::Attach`]).
@@ -43,11 +45,11 @@ pub struct SandboxSpec {
 }
 
 /// What a fork of a template needs to become a sandbox of its own; sent to the
-/// template with each run, and handed by it to `sandboxd_enter`.
+/// template with each run, and handed by it to `sandboxd_enter`. (Its `/tmp` and
+/// `/dev/shm`, sized as the template's, come from the template's helper:
+/// [`super::attach::furnish`].)
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildSpec {
-    pub tmp_size_bytes: u64,
-    pub shm_size_bytes: u64,
     pub rlimits: Rlimits,
     /// The daemon's seccomp filter, which the fork's init loads (the library links
     /// no libseccomp).
