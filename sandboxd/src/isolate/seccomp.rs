@@ -3,8 +3,10 @@
 //! - Every syscall not named here fails with `EPERM`; a call made through another
 //!   architecture's entry point (32-bit `int 0x80`) kills the process; x32 numbers
 //!   are never in the list, so they fail with `EPERM`.
-//! - `clone` with namespace flags, `socket` outside AF_UNIX/AF_INET/AF_INET6 and the
-//!   TIOCSTI/TIOCLINUX ioctls fail with `EPERM`.
+//! - `clone` with namespace flags, a `socket` other than a Unix one or TCP/UDP over
+//!   IPv4/IPv6 ([`ALLOWED_SOCKETS`]: no MPTCP, which Landlock's TCP rules do not
+//!   cover, no SCTP, raw, packet or netlink) and the TIOCSTI/TIOCLINUX ioctls fail
+//!   with `EPERM`.
 //! - `clone3` fails with `ENOSYS`, so glibc falls back to `clone`, whose flags the
 //!   filter can inspect.
 //!
@@ -368,8 +370,29 @@ pub const CLONE_NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET) as u64;
 
-/// Socket families a sandbox may create.
-pub const ALLOWED_SOCKET_FAMILIES: [i32; 3] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6];
+/// The sockets a sandbox may create, as `(family, type, protocol)` (the type
+/// without its `SOCK_NONBLOCK`/`SOCK_CLOEXEC` flags): Unix sockets of each type;
+/// TCP and UDP over IPv4 and IPv6, named or as the type's default (protocol 0).
+/// Nothing else: MPTCP (`IPPROTO_MPTCP` with `SOCK_STREAM`) binds and connects
+/// where Landlock refuses TCP, and fills the host's TCP memory; SCTP, raw, packet,
+/// netlink and the rest reach kernel code a sandbox has no use for.
+pub const ALLOWED_SOCKETS: [(i32, i32, i32); 11] = [
+    (libc::AF_UNIX, libc::SOCK_STREAM, 0),
+    (libc::AF_UNIX, libc::SOCK_DGRAM, 0),
+    (libc::AF_UNIX, libc::SOCK_SEQPACKET, 0),
+    (libc::AF_INET, libc::SOCK_STREAM, 0),
+    (libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP),
+    (libc::AF_INET, libc::SOCK_DGRAM, 0),
+    (libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+    (libc::AF_INET6, libc::SOCK_STREAM, 0),
+    (libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_TCP),
+    (libc::AF_INET6, libc::SOCK_DGRAM, 0),
+    (libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+];
+
+/// The bits of `socket`'s type argument that are the type (the kernel's
+/// `SOCK_TYPE_MASK`); the others are `SOCK_NONBLOCK` and `SOCK_CLOEXEC`.
+pub const SOCK_TYPE_MASK: u64 = 0xf;
 
 /// ioctl requests that are refused on every fd: faking terminal input.
 pub const DENIED_IOCTLS: [u64; 2] = [libc::TIOCSTI, libc::TIOCLINUX];
@@ -389,13 +412,14 @@ pub struct Masked {
     pub value: u64,
 }
 
-/// One rule of the filter: `action` for syscall `nr` (when `when` holds). A call
-/// no rule matches fails with `EPERM`; rules for one syscall are alternatives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One rule of the filter: `action` for syscall `nr` when every test of `when`
+/// holds (always, when it is empty). A call no rule matches fails with `EPERM`;
+/// rules for one syscall are alternatives.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub nr: i64,
     pub action: Action,
-    pub when: Option<Masked>,
+    pub when: Vec<Masked>,
 }
 
 /// The low 32 bits of an argument: what the kernel sees of an `int` or `unsigned
@@ -432,22 +456,29 @@ pub fn none_of(values: &[u32]) -> Vec<(u32, u32)> {
 }
 
 /// The whole filter as data: every call of [`allowed`], `clone` without namespace
-/// flags, `socket`/`socketpair` in an allowed family, `ioctl` but the denied
+/// flags, `socket`/`socketpair` of [`ALLOWED_SOCKETS`], `ioctl` but the denied
 /// requests, `clone3` → `ENOSYS`.
 pub fn rules() -> Vec<Rule> {
     let allow = |nr, when| Rule { nr, action: Action::Allow, when };
-    let mut rules: Vec<Rule> = allowed().into_iter().map(|(_, nr)| allow(nr, None)).collect();
-    rules.push(allow(libc::SYS_clone, Some(Masked { arg: 0, mask: CLONE_NAMESPACE_FLAGS, value: 0 })));
+    let mut rules: Vec<Rule> = allowed().into_iter().map(|(_, nr)| allow(nr, vec![])).collect();
+    rules.push(allow(libc::SYS_clone, vec![Masked { arg: 0, mask: CLONE_NAMESPACE_FLAGS, value: 0 }]));
     for nr in [libc::SYS_socket, libc::SYS_socketpair] {
-        for family in ALLOWED_SOCKET_FAMILIES {
-            rules.push(allow(nr, Some(Masked { arg: 0, mask: LOW32, value: family as u64 })));
+        for (family, kind, protocol) in ALLOWED_SOCKETS {
+            rules.push(allow(
+                nr,
+                vec![
+                    Masked { arg: 0, mask: LOW32, value: family as u64 },
+                    Masked { arg: 1, mask: SOCK_TYPE_MASK, value: kind as u64 },
+                    Masked { arg: 2, mask: LOW32, value: protocol as u64 },
+                ],
+            ));
         }
     }
     let denied: Vec<u32> = DENIED_IOCTLS.iter().map(|r| *r as u32).collect();
     for (mask, value) in none_of(&denied) {
-        rules.push(allow(libc::SYS_ioctl, Some(Masked { arg: 1, mask: mask.into(), value: value.into() })));
+        rules.push(allow(libc::SYS_ioctl, vec![Masked { arg: 1, mask: mask.into(), value: value.into() }]));
     }
-    rules.push(Rule { nr: libc::SYS_clone3, action: Action::Errno(libc::ENOSYS), when: None });
+    rules.push(Rule { nr: libc::SYS_clone3, action: Action::Errno(libc::ENOSYS), when: vec![] });
     rules
 }
 
@@ -570,13 +601,11 @@ pub fn compile(rules: &[Rule]) -> Result<Program, Error> {
     let mut filter = new()?;
     for rule in rules {
         let nr = i32::try_from(rule.nr).map_err(|_| Error::Number(rule.nr))?;
-        match rule.when {
-            None => filter.add_rule(action(rule.action), nr),
-            Some(m) => filter.add_rule_conditional(
-                action(rule.action),
-                nr,
-                &[ScmpArgCompare::new(m.arg, ScmpCompareOp::MaskedEqual(m.mask), m.value)],
-            ),
+        let tests: Vec<ScmpArgCompare> =
+            rule.when.iter().map(|m| ScmpArgCompare::new(m.arg, ScmpCompareOp::MaskedEqual(m.mask), m.value)).collect();
+        match tests.is_empty() {
+            true => filter.add_rule(action(rule.action), nr),
+            false => filter.add_rule_conditional(action(rule.action), nr, &tests),
         }
         .map_err(at("add a rule"))?;
     }
@@ -860,7 +889,8 @@ mod tests {
                 errno(libc::EPERM)
             }
         } else if is(libc::SYS_socket) || is(libc::SYS_socketpair) {
-            if ALLOWED_SOCKET_FAMILIES.contains(&(low(0) as i32)) {
+            let asked = (low(0) as i32, (args[1] & SOCK_TYPE_MASK) as i32, low(2) as i32);
+            if ALLOWED_SOCKETS.contains(&asked) {
                 ALLOW
             } else {
                 errno(libc::EPERM)
@@ -906,8 +936,17 @@ mod tests {
                 libc::TIOCLINUX | 1 << 63,
                 libc::TCGETS,
                 0x5413,
+                libc::SOCK_STREAM as u64,
+                libc::SOCK_DGRAM as u64 | libc::SOCK_CLOEXEC as u64,
+                libc::SOCK_SEQPACKET as u64 | libc::SOCK_NONBLOCK as u64,
+                libc::SOCK_RAW as u64,
             ]
             .map(|a1| [a0, a1, 0, 0, 0, 0])
+        })
+        .flat_map(|args| {
+            // Protocols: the default, TCP, UDP, MPTCP (262), SCTP, and TCP with a
+            // high half the kernel drops.
+            [0u64, 6, 17, 262, 132, 6 | 1 << 32].map(|a2| [args[0], args[1], a2, 0, 0, 0])
         })
         .collect();
         let numbers = (0..1024).chain((0..1024).map(|n| 0x4000_0000 + n)).chain([0x3fff_ffff, 0x8000_0000, u32::MAX]);
@@ -948,8 +987,16 @@ mod tests {
         assert_eq!(call(libc::SYS_clone3, 0, 0), errno(libc::ENOSYS));
         assert_eq!(call(libc::SYS_clone, libc::SIGCHLD as u64, 0), ALLOW);
         assert_eq!(call(libc::SYS_clone, libc::CLONE_NEWUSER as u64, 0), eperm);
-        assert_eq!(call(libc::SYS_socket, libc::AF_INET as u64, 0), ALLOW);
-        assert_eq!(call(libc::SYS_socket, libc::AF_NETLINK as u64, 0), eperm);
+        let socket = |f: i32, t: i32, p: i32| {
+            run(&prog.0, libc::SYS_socket as u32, AUDIT_ARCH, [f as u64, t as u64, p as u64, 0, 0, 0])
+        };
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0), ALLOW);
+        assert_eq!(socket(libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP), ALLOW);
+        assert_eq!(socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0), ALLOW);
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM, 262), eperm, "MPTCP");
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_SEQPACKET, libc::IPPROTO_SCTP), eperm, "SCTP");
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP), eperm, "raw");
+        assert_eq!(socket(libc::AF_NETLINK, libc::SOCK_RAW, 0), eperm);
         assert_eq!(call(libc::SYS_ioctl, 1, libc::TIOCSTI), eperm);
         assert_eq!(call(libc::SYS_ioctl, 1, libc::TIOCSTI | 1 << 32), eperm, "the kernel truncates the request");
         assert_eq!(call(libc::SYS_ioctl, 1, libc::TCGETS), ALLOW);

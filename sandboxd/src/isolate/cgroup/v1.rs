@@ -102,6 +102,10 @@ impl Layout for V1 {
             write_if_present(&memsw, &value)?;
             write(&m.join("memory.limit_in_bytes"), &value)?;
         }
+        // Socket buffers: v1 counts them apart from memory, and only once a limit
+        // is set (else they are charged to no cgroup, and UDP receive queues could
+        // hold host memory outside the sandbox's limit): a quarter of it.
+        write_if_present(&m.join("memory.kmem.tcp.limit_in_bytes"), &socket_limit(limits.memory_bytes).to_string())?;
         let cpu = self.cpu.join(id);
         write(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
         write(&cpu.join("cpu.cfs_quota_us"), &cpu_quota_us(limits.cpus).to_string())?;
@@ -139,6 +143,13 @@ impl Layout for V1 {
     fn kill_file(&self, id: &str) -> Option<PathBuf> {
         self.unified.as_ref().map(|u| u.join(id).join("cgroup.kill"))
     }
+}
+
+/// On cgroup v1, what a run's socket buffers may hold at once (TCP and UDP
+/// alike, once a limit is set): a quarter of its memory limit. On v2 they count
+/// inside the memory limit itself.
+pub fn socket_limit(memory_bytes: u64) -> u64 {
+    memory_bytes / 4
 }
 
 #[cfg(test)]
@@ -207,9 +218,12 @@ mod tests {
         // Lowering the limit: memory first, then memory+swap (present here).
         tree.put(&mem("memory.limit_in_bytes"), "9223372036854771712\n");
         tree.put(&mem("memory.memsw.limit_in_bytes"), "9223372036854771712\n");
+        tree.put(&mem("memory.kmem.tcp.limit_in_bytes"), "9223372036854771712\n");
         run.set_limits(&Limits { memory_bytes: 256 << 20, cpus: 0.5, pids: 100 }).unwrap();
         assert_eq!(tree.get(&mem("memory.limit_in_bytes")), (256u64 << 20).to_string());
         assert_eq!(tree.get(&mem("memory.memsw.limit_in_bytes")), (256u64 << 20).to_string());
+        // Socket buffers: counted, and a quarter of the memory limit.
+        assert_eq!(tree.get(&mem("memory.kmem.tcp.limit_in_bytes")), (64u64 << 20).to_string());
         assert_eq!(tree.get(&cpu("cpu.cfs_period_us")), "100000");
         assert_eq!(tree.get(&cpu("cpu.cfs_quota_us")), "50000");
         assert_eq!(tree.get(&cpu("cpu.shares")), "1024");
