@@ -8,6 +8,7 @@ slow clients once took the daemon past 1.2 GB. Every name a listing shows is
 reached by its `url` and named by its `path` alone, whatever its bytes.
 """
 
+import asyncio
 import http.client
 import json
 import os
@@ -16,8 +17,11 @@ import subprocess
 import time
 from urllib.parse import quote
 
+import pytest
+
 from conftest import new_session
 from harness import CTL, TEST_POLICY
+from test_mcp import connect, text_of as mcp_text
 
 MAX_JSON = 16 * 1024 * 1024
 FARM_LINKS = 130_000
@@ -276,3 +280,32 @@ def test_every_name_a_listing_shows_is_reached_by_its_url_and_named_by_its_path(
         assert (got.returncode, got.stdout) == (0, b"put:" + name), (name, got.stderr)
     with daemon.http() as c:
         assert c.delete(f"/v1/sessions/{sid}").status_code == 200
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_mcp_tools_take_the_paths_listings_give(daemon, transport):
+    """MCP's list_files shows each name's text form, and read_file takes it back to
+    the very file: the bytes `61 ff 62`, the file literally named `a\\xffb`, and one
+    named `dir\\f.txt` (a backslash that starts no escape stands for itself, the same
+    over both transports)."""
+    with daemon.http() as c:
+        sid = new_session(c)
+    made = daemon.run("for n in (b'a\\xffb', b'a\\\\xffb', b'dir\\\\f.txt'):\n    open(n, 'w').write(repr(n))",
+                      session_id=sid)
+    assert made["status"] == "ok", made
+    paths = ["a\\\\xffb", "a\\xffb", "dir\\\\f.txt"]
+
+    async def go():
+        async with connect(daemon, transport) as s:
+            listed = json.loads(mcp_text(await s.call_tool("list_files", {"session_id": sid})))
+            assert sorted(f["path"] for f in listed) == paths
+            for path, content in (("a\\xffb", "b'a\\xffb'"), ("a\\\\xffb", "b'a\\\\xffb'"),
+                                  ("dir\\\\f.txt", "b'dir\\\\f.txt'"), ("dir\\f.txt", "b'dir\\\\f.txt'")):
+                got = await s.call_tool("read_file", {"session_id": sid, "path": path})
+                assert not got.is_error and mcp_text(got) == content, (path, mcp_text(got))
+            gone = await s.call_tool("read_file", {"session_id": sid, "path": "a\\xff"})
+            assert gone.is_error and "not_found" in mcp_text(gone), mcp_text(gone)
+    asyncio.run(go())
+    with daemon.http() as c:
+        assert sorted(f["path"] for f in c.get(f"/v1/sessions/{sid}/files").json()) == paths
+        c.delete(f"/v1/sessions/{sid}")

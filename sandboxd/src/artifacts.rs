@@ -101,15 +101,9 @@ pub fn mime_type(path: &Path) -> String {
 }
 
 /// The URL form of a path written as clients write it (a listing's `path`, in
-/// [`crate::names`]' text form): its raw bytes percent-encoded. A text that is
-/// no path's text form (a stray backslash) is taken byte for byte, and the daemon
-/// answers for that name.
+/// [`crate::names`]' text form): its raw bytes percent-encoded.
 pub fn url_path(path: &Path) -> String {
-    let text = path.to_string_lossy();
-    match names::parse(&text) {
-        Ok(raw) => names::url(&raw),
-        Err(_) => names::url(text.as_bytes()),
-    }
+    names::url(&names::parse(&path.to_string_lossy()))
 }
 
 /// Append `part` to `out` as one URL path segment ([`names::encode_segment`]).

@@ -11,7 +11,7 @@
 //!   is not UTF-8 is written `\xHH` (two lowercase hex digits) and a backslash is
 //!   written `\\`. So `b"a\xffb"` is `a\xffb`, and a file literally named `a\xffb`
 //!   is `a\\xffb`: two names, two texts. [`parse`] reads it back (`\xHH` in either
-//!   case; any other backslash is refused, with what to write instead).
+//!   case; a backslash that starts no escape stands for itself).
 //! - **URL**: every byte but ASCII letters, digits, `-_.~` and the `/` between
 //!   components as `%XX`, and a route decodes it exactly once, to bytes
 //!   ([`from_url`]): a name with `%2e` in it is `%252e`, and reaches that file.
@@ -36,49 +36,33 @@ pub fn text(raw: &[u8]) -> String {
     out
 }
 
-/// Why a text is no path's text form.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid path {text:?}: a backslash at byte {at} starts no escape; write `\\\\` for a backslash and `\\xHH` for a byte that is not UTF-8 (as listings do)")]
-pub struct BadEscape {
-    pub text: String,
-    pub at: usize,
-}
-
-/// The raw path whose text form is `text` (see the module doc).
-pub fn parse(text: &str) -> Result<Vec<u8>, BadEscape> {
+/// The raw path whose text form is `text` (see the module doc): `\\` is a
+/// backslash, `\xHH` (either case) the byte HH, and a backslash that starts
+/// neither stands for itself, so every text names a path (what a person types,
+/// `dir\file.txt`, is the file of that name, as in a URL). Listings always write
+/// `\\`, so the paths they give are read back exactly.
+pub fn parse(text: &str) -> Vec<u8> {
     let bytes = text.as_bytes();
+    let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] != b'\\' {
-            out.push(bytes[i]);
-            i += 1;
-            continue;
-        }
-        let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
-        match bytes.get(i + 1) {
-            Some(b'\\') => {
-                out.push(b'\\');
-                i += 2;
-            }
-            Some(b'x') => match (hex(i + 2), hex(i + 3)) {
-                (Some(hi), Some(lo)) => {
-                    out.push((hi * 16 + lo) as u8);
-                    i += 4;
-                }
-                _ => return Err(BadEscape { text: text.to_string(), at: i }),
-            },
-            _ => return Err(BadEscape { text: text.to_string(), at: i }),
-        }
+        let escape = match (bytes[i], bytes.get(i + 1)) {
+            (b'\\', Some(b'\\')) => Some((b'\\', 2)),
+            (b'\\', Some(b'x')) => hex(i + 2).zip(hex(i + 3)).map(|(hi, lo)| ((hi * 16 + lo) as u8, 4)),
+            _ => None,
+        };
+        let (byte, len) = escape.unwrap_or((bytes[i], 1));
+        out.push(byte);
+        i += len;
     }
-    Ok(out)
+    out
 }
 
 /// The workspace path a client's path in its text form names: read back to
 /// bytes, then checked ([`crate::workspace::validate`]).
 pub fn path_of(text: &str) -> Result<std::path::PathBuf, crate::workspace::Error> {
-    let raw = parse(text).map_err(|e| crate::workspace::Error::InvalidPath(e.to_string()))?;
-    crate::workspace::validate(raw)
+    crate::workspace::validate(parse(text))
 }
 
 /// The URL form of the raw path `raw`: each component percent-encoded byte by
@@ -143,7 +127,7 @@ mod tests {
         let mut urls = std::collections::BTreeSet::new();
         for name in names {
             let t = text(name);
-            assert_eq!(parse(&t).unwrap(), name, "{t:?}");
+            assert_eq!(parse(&t), name, "{t:?}");
             let u = url(name);
             assert!(u.bytes().all(|b| b.is_ascii_graphic()), "{u}");
             assert_eq!(from_url(&u), name, "{u}");
@@ -160,11 +144,17 @@ mod tests {
     }
 
     #[test]
-    fn a_backslash_that_starts_no_escape_is_refused() {
-        for bad in ["a\\", "a\\q", "a\\x4", "a\\xg0", "\\x", "a\\XFF"] {
-            let e = parse(bad).unwrap_err();
-            assert!(e.to_string().contains("write `\\\\` for a backslash"), "{e}");
+    fn a_backslash_that_starts_no_escape_stands_for_itself() {
+        for (text, raw) in [
+            ("a\\", &b"a\\"[..]),
+            ("a\\q", b"a\\q"),
+            ("a\\x4", b"a\\x4"),
+            ("a\\xg0", b"a\\xg0"),
+            ("dir\\file.txt", b"dir\\file.txt"),
+            ("\\x41\\xFf", b"A\xff"),
+            ("a\\\\q", b"a\\q"),
+        ] {
+            assert_eq!(parse(text), raw, "{text:?}");
         }
-        assert_eq!(parse("\\x41\\xFf").unwrap(), b"A\xff");
     }
 }

@@ -154,11 +154,13 @@ pub fn content_disposition(name: &[u8]) -> String {
 pub async fn upload(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    FileRoute { id, path }: FileRoute,
+    // A bad path is refused inside, so that the body is read away first.
+    route: Result<FileRoute, ApiError>,
     Query(q): Query<UploadQuery>,
     body: Body,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
     let opened = (|| {
+        let FileRoute { id, path } = route?;
         let overwrite = match q.overwrite.as_deref() {
             None | Some("false") | Some("0") => false,
             Some("true") | Some("1") => true,
