@@ -173,15 +173,24 @@ def test_a_download_names_any_file_in_content_disposition(daemon, name, fallback
         c.delete(f"/v1/sessions/{sid}")
 
 
-def test_url_parts_that_are_not_utf8_are_refused_in_the_envelope(daemon):
+def test_url_parts_that_are_not_utf8_are_refused_in_the_envelope_or_are_file_names(daemon):
+    """A session id is text: one that is not UTF-8 is refused in the envelope. A file
+    name is bytes: `%FE` in a file route is the byte 0xfe (the listing writes it
+    `\\xfe`), not an error."""
     with daemon.http() as c:
         sid = new_session(c)
         for method, url in [("GET", "/v1/sessions/%FF"), ("DELETE", "/v1/sessions/%C3"),
-                            ("GET", f"/v1/sessions/{sid}/files/%FF.txt"),
-                            ("PUT", f"/v1/sessions/{sid}/files/a%FE"),
                             ("PUT", f"/v1/sessions/{sid}/files/a?overwrite=true&overwrite=false")]:
             r = c.request(method, url, content=b"x" if method == "PUT" else None)
             assert error_of(r) == (400, "invalid_request"), (method, url, r.text)
+        assert c.get(f"/v1/sessions/{sid}/files").json() == []
+        assert error_of(c.get(f"/v1/sessions/{sid}/files/%FF.txt")) == (404, "not_found")
+        r = c.put(f"/v1/sessions/{sid}/files/a%FE", content=b"x")
+        assert r.status_code == 201 and r.json()["path"] == "a\\xfe", r.text
+        [entry] = c.get(f"/v1/sessions/{sid}/files").json()
+        assert (entry["path"], entry["url"]) == ("a\\xfe", f"{daemon.url}/v1/sessions/{sid}/files/a%FE")
+        assert c.get(f"/v1/sessions/{sid}/files/a%FE").content == b"x"
+        assert c.delete(f"/v1/sessions/{sid}/files/a%FE").json() == {"status": "deleted", "path": "a\\xfe"}
         assert c.get(f"/v1/sessions/{sid}/files").json() == []
         c.delete(f"/v1/sessions/{sid}")
 

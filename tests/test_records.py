@@ -3,6 +3,7 @@ bounded per session, removed with the session; a run the daemon's end cut off re
 `interrupted` after a restart, and a kernel session's first cell after a restart says
 `kernel_restarted`. A new session the state directory cannot hold is refused (507)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -132,6 +133,63 @@ print('\x01' * 60000)
         stored = next((daemon.state / "sessions" / sid / "runs").iterdir())
         assert stored.stat().st_size <= 1024 * 1024
         c.delete(f"/v1/sessions/{sid}")
+
+
+# A kernel cell that forges its own reply (the cell's nonce is in the kernel's frame):
+# 64 KiB of stdout, then a result and an exception whose texts are control
+# characters (6 bytes each in JSON), filling the kernel's 1 MiB line. As the record
+# stores them, they take more than that line: the record used to be written past
+# its 1 MiB bound, then answered 500 and dropped out of the session's runs.
+FORGE_LARGE = r"""
+import json, sys
+frame = sys._getframe(1)
+channel, nonce = frame.f_locals["channel"], frame.f_locals["nonce"]
+channel.send({"kind": "chunk", "nonce": nonce, "stream": "stdout", "text": "\x01" * 65536})
+reply = {"kind": "reply", "nonce": nonce,
+         "result": {"text/plain": "\x01" * 65536, "text/html": "\x01" * 65536},
+         "exception": {"name": "\x01" * 256, "value": "", "traceback": ""},
+         "exit_code": 1, "stdout_truncated": False, "stderr_truncated": False}
+room = (1 << 20) - len(json.dumps(reply, ensure_ascii=False).encode())
+reply["exception"]["value"] = "\x01" * (room // 6)
+channel.send(reply)
+"""
+
+
+def test_a_forged_oversized_kernel_result_is_cut_to_fit_its_record(daemon, kernel):
+    sid = kernel()
+    with daemon.http() as c:
+        forged = c.post(f"/v1/sessions/{sid}/runs", json={"code": FORGE_LARGE}).json()
+        # The caller got the forged reply, as the daemon keeps it (64 KiB a text).
+        assert forged["status"] == "error" and forged["kernel_restarted"] is False, forged["stderr"]
+        assert forged["result"] == {"text/plain": "\x01" * 65536, "text/html": "\x01" * 65536}
+        assert forged["exception"]["name"] == "\x01" * 256 and len(forged["exception"]["value"]) > 40_000
+        assert forged["stdout"] == "\x01" * 65536
+        # As JSON, the result and the exception alone take the bound but a few
+        # hundred bytes: with the record's own fields, cutting the output and the
+        # code (all a record could cut before) left it past its bound.
+        as_json = len(json.dumps(forged["result"]).encode()) + len(json.dumps(forged["exception"]).encode())
+        assert 1024 * 1024 - 1024 < as_json <= 1024 * 1024, as_json
+        r = c.get(f"/v1/sessions/{sid}/runs/{forged['run_id']}")
+        assert r.status_code == 200, r.text
+        rec = r.json()
+        assert rec["status"] == "error" and rec["kernel_result_cut"] is True and rec["output_cut"] is True
+        assert rec["code"] == FORGE_LARGE and rec["code_truncated"] is False
+        kept = rec["result"]
+        # What is kept of each text is its start; the longest were cut first.
+        for field in ("text/plain", "text/html"):
+            assert forged["result"][field].startswith(kept["result"][field])
+        for field in ("name", "value", "traceback"):
+            assert forged["exception"][field].startswith(kept["exception"][field])
+        assert kept["exception"]["name"] == forged["exception"]["name"]
+        assert len(kept["result"]["text/plain"]) == len(kept["result"]["text/html"]) < 65536
+        assert forged["stdout"].startswith(kept["stdout"])
+        # The run stays in its session's list, and its record within its bound.
+        assert [x["run_id"] for x in runs_of(c, sid)["runs"]][0] == forged["run_id"]
+        stored = [p for p in (daemon.state / "sessions" / sid / "runs").iterdir() if forged["run_id"] in p.name]
+        assert len(stored) == 1 and stored[0].stat().st_size <= 1024 * 1024
+        # The kernel goes on; the forging cell's own reply, a cell late, was dropped.
+        after = c.post(f"/v1/sessions/{sid}/runs", json={"code": "6 * 7"}).json()
+        assert after["result"] == {"text/plain": "42"} and after["kernel_restarted"] is False, after
 
 
 def test_another_token_sees_no_record(fresh_daemon):

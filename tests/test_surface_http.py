@@ -336,7 +336,8 @@ def test_a_refused_upload_keeps_the_connection_usable(daemon):
     away, not left to close the connection under the client's next request."""
     body = b"x" * (1 << 20)
     with daemon.http() as c:
-        for path in ("/v1/sessions/never-made/files/f.txt", "/v1/sessions/never-made/files/a%252Fb"):
+        for path in ("/v1/sessions/never-made/files/f.txt", "/v1/sessions/never-made/files/a%252Fb",
+                     "/v1/sessions/never-made/files/..%2Fx"):
             for _ in range(20):
                 r = c.put(path, content=body)
                 assert r.status_code in (400, 404), r.text

@@ -8,8 +8,10 @@
 //! every read goes through [`crate::workspace`] (by fd, never by name): links,
 //! FIFOs, sockets and devices are never followed, opened or reported.
 
+use crate::names;
 use crate::workspace::{self, Found, Stat, Workspace};
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -58,11 +60,12 @@ impl Snapshot {
                 s.hash = found.sha256(&mut budget);
             }
             files.insert(found.path.to_path_buf(), s);
+            ControlFlow::Continue(())
         })?;
         Ok(Snapshot { files })
     }
 
-    /// Files of `ws` that are new or changed since the snapshot, sorted by path.
+    /// Files of `ws` that are new or changed since the snapshot, in path order (the walk's).
     pub fn changed(&self, ws: &Workspace) -> Result<Vec<Entry>, workspace::Error> {
         let mut budget = workspace::MAX_HASH_TOTAL;
         let mut out = vec![];
@@ -86,8 +89,8 @@ impl Snapshot {
                     modified: found.stat.modified(),
                 });
             }
+            ControlFlow::Continue(())
         })?;
-        out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
 }
@@ -97,32 +100,15 @@ pub fn mime_type(path: &Path) -> String {
     mime_guess::from_path(path).first_or_octet_stream().essence_str().to_string()
 }
 
-/// Percent-encode a relative path for a URL, keeping the slashes. A `.` or `..`
-/// part (a client's path, before the daemon refuses it) is encoded whole, so that
-/// nothing on the way (a proxy) can take it for a step up to another route.
+/// The URL form of a path written as clients write it (a listing's `path`, in
+/// [`crate::names`]' text form): its raw bytes percent-encoded.
 pub fn url_path(path: &Path) -> String {
-    let mut out = String::new();
-    for (i, part) in path.to_string_lossy().split('/').enumerate() {
-        if i > 0 {
-            out.push('/');
-        }
-        encode_segment(part, part != "." && part != "..", &mut out);
-    }
-    out
+    names::url(&names::parse(&path.to_string_lossy()))
 }
 
-/// Append `part` to `out` as one URL path segment: unreserved bytes as they are,
-/// every other byte (`/` included) as `%XX`. `keep_dot`: `.` as it is too (a
-/// validated workspace path has no `.` or `..` part); without it `.` and `..`
-/// cannot become path steps either.
+/// Append `part` to `out` as one URL path segment ([`names::encode_segment`]).
 pub fn encode_segment(part: &str, keep_dot: bool, out: &mut String) {
-    for b in part.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_~".contains(&b) || (keep_dot && b == b'.') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
+    names::encode_segment(part.as_bytes(), keep_dot, out)
 }
 
 #[cfg(test)]
@@ -151,6 +137,9 @@ mod tests {
     fn encodes_urls() {
         assert_eq!(url_path(Path::new("a b/c#d.png")), "a%20b/c%23d.png");
         assert_eq!(url_path(Path::new("../../x/./..y.z")), "%2E%2E/%2E%2E/x/%2E/..y.z");
+        // A listing's text form reaches the raw bytes it stands for.
+        assert_eq!(url_path(Path::new("a\\xffb/c\\\\d")), "a%FFb/c%5Cd");
+        assert_eq!(url_path(Path::new("stray\\q")), "stray%5Cq");
         assert_eq!(mime_type(Path::new("x.png")), "image/png");
         assert_eq!(mime_type(Path::new("x.unknownext")), "application/octet-stream");
     }

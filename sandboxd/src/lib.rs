@@ -14,10 +14,12 @@ pub mod daemon;
 pub mod health;
 pub mod isolate;
 pub mod kernel;
+pub mod listing;
 pub mod metrics;
 /// The MCP tools live with the other surfaces, in `api/`.
 pub use api::mcp;
 pub mod mountinfo;
+pub mod names;
 pub mod plan;
 pub mod policy;
 pub mod pool;

@@ -11,6 +11,7 @@ use crate::policy::Policy;
 use crate::pool;
 use crate::session::Lease;
 use serde::{Deserialize, Serialize};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -362,7 +363,7 @@ async fn find_artifacts(
         .into_iter()
         .take(max)
         .map(|e| {
-            let name = e.path.to_string_lossy().into_owned();
+            let name = crate::names::text(e.path.as_os_str().as_bytes());
             let kind = if name.starts_with(&figure_prefix) && name.ends_with(".png") {
                 ArtifactKind::Figure
             } else {
@@ -374,7 +375,7 @@ async fn find_artifacts(
                     "{}/v1/sessions/{}/files/{}",
                     ctx.public_url,
                     lease.public_id,
-                    artifacts::url_path(&e.path)
+                    crate::names::url(e.path.as_os_str().as_bytes())
                 ),
                 size_bytes: e.size,
                 path: name,

@@ -9,6 +9,9 @@
 
 use crate::artifacts;
 use crate::isolate::output::Chunk;
+use crate::listing;
+pub use crate::listing::{FileEntry, Listing};
+use crate::names;
 use crate::policy::Policy;
 use crate::records::{self, RunPage, RunRecord};
 use crate::run::{self, Context, RunRequest, RunResult};
@@ -17,6 +20,7 @@ use crate::workspace::{self, Workspace};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,6 +58,9 @@ pub enum Error {
     FileTooLarge { path: String, limit: u64 },
     #[error("the daemon is shutting down: retry in a moment")]
     ShuttingDown,
+    /// Too many listings walked or sent at once ([`crate::listing::Slots`]).
+    #[error(transparent)]
+    ListingsBusy(#[from] listing::Busy),
     /// A run record the session does not have (never made, or pruned: a session
     /// keeps its newest runs only).
     #[error("session {session:?} has no run {run_id:?}: list its runs with GET /v1/sessions/{session}/runs (a session keeps its newest {} runs)", records::MAX_RECORDS)]
@@ -86,23 +93,6 @@ pub struct CreateSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 2592000)]
     pub ttl_s: Option<u64>,
-}
-
-/// A file in a session's workspace.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct FileEntry {
-    pub path: String,
-    pub size_bytes: u64,
-    pub mime_type: String,
-    pub modified_at: String,
-    pub url: String,
-}
-
-/// A workspace listing: the files, and whether the workspace holds more.
-#[derive(Debug)]
-pub struct Listing {
-    pub files: Vec<FileEntry>,
-    pub partial: bool,
 }
 
 /// The answer of an operation that only reports what it did:
@@ -207,6 +197,7 @@ pub trait Operations: Send + Sync + 'static {
         chunks: Option<mpsc::Sender<Chunk>>,
     ) -> BoxFuture<'a, Result<RunDone, Error>>;
     /// The workspace's files, sorted by path, and whether that is their first part only.
+    /// A path (here and below) is in its text form ([`crate::names`]).
     fn listing<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Listing, Error>>;
     /// Open a workspace file to stream it.
     fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error>;
@@ -248,7 +239,7 @@ pub trait Operations: Send + Sync + 'static {
 
     /// Every file in the session's workspace, recursively.
     fn list_files<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Vec<FileEntry>, Error>> {
-        Box::pin(async move { Ok(self.listing(caller, id).await?.files) })
+        Box::pin(async move { Ok(self.listing(caller, id).await?.files.iter().collect()) })
     }
 
     /// A workspace file's bytes, at most `limit` of them: a larger file is
@@ -297,11 +288,13 @@ pub struct Service {
     sessions: Arc<Manager>,
     ctx: Context,
     draining: Arc<AtomicBool>,
+    listings: Arc<listing::Slots>,
 }
 
 impl Service {
     pub fn new(sessions: Arc<Manager>, ctx: Context) -> Service {
-        Service { sessions, ctx, draining: Arc::new(AtomicBool::new(false)) }
+        let listings = listing::Slots::new(listing::IN_FLIGHT, listing::TOKEN_IN_FLIGHT, listing::WAIT);
+        Service { sessions, ctx, draining: Arc::new(AtomicBool::new(false)), listings: Arc::new(listings) }
     }
 
     /// Refuse new runs from now on (daemon shutdown).
@@ -460,37 +453,34 @@ impl Service {
     }
 
     fn file_url(&self, id: &str, rel: &Path) -> String {
-        format!("{}/v1/sessions/{id}/files/{}", self.ctx.public_url, artifacts::url_path(rel))
+        format!("{}/v1/sessions/{id}/files/{}", self.ctx.public_url, names::url(rel.as_os_str().as_bytes()))
     }
 
-    /// The workspace's files, sorted by path, and whether that is only their first
-    /// part (the walk's bounds: [`workspace::MAX_WALK`] entries,
-    /// [`workspace::MAX_WALK_PATH_BYTES`] of paths, [`workspace::MAX_DEPTH`] levels).
+    /// The workspace's files in path order, and whether that is only their first
+    /// part ([`crate::listing`]: at most [`listing::MAX_JSON`] of JSON, and the
+    /// walk's bounds), once a place among the listings in flight is free.
     pub async fn listing(&self, caller: &Caller, id: &str) -> Result<Listing, Error> {
+        // An unknown session is told so at once, not after a wait for a place.
+        self.sessions.get(id, caller.owner())?;
+        let slot = self.listings.take(caller.owner()).await?;
         let (ws, _, hold) = self.open_workspace(caller, id)?;
-        let (files, walked) = tokio::task::spawn_blocking(move || {
-            let walked = ws.files();
+        let prefix = format!("{}/v1/sessions/{id}/files/", self.ctx.public_url);
+        let (mut files, walked, slot) = tokio::task::spawn_blocking(move || {
+            // The place goes with the walk: a client that leaves meanwhile does
+            // not free it while the walk still holds its memory.
+            let listed = listing::walk(&ws, prefix);
             drop(hold);
-            walked
+            listed.map(|(files, walked)| (files, walked, slot))
         })
         .await
         .map_err(|e| Error::internal("listing files", e))??;
-        let files = files
-            .into_iter()
-            .map(|(path, stat)| FileEntry {
-                url: self.file_url(id, &path),
-                mime_type: artifacts::mime_type(&path),
-                size_bytes: stat.size,
-                modified_at: session::rfc3339(stat.modified()),
-                path: path.to_string_lossy().into_owned(),
-            })
-            .collect();
+        files.hold(slot);
         Ok(Listing { files, partial: walked.partial })
     }
 
     /// Open a workspace file to stream it.
     pub fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
-        let rel = workspace::validate(path)?;
+        let rel = names::path_of(path)?;
         let (ws, _, _hold) = self.open_workspace(caller, id)?;
         let (file, meta) = ws.open_read(&rel)?;
         let name = rel.file_name().map(|n| n.to_os_string()).unwrap_or_default();
@@ -499,7 +489,7 @@ impl Service {
 
     /// Start writing a workspace file; feed it with [`Upload::write`].
     pub fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool) -> Result<Upload, Error> {
-        let rel = workspace::validate(path)?;
+        let rel = names::path_of(path)?;
         let (ws, info, hold) = self.open_workspace(caller, id)?;
         let limit = self.sessions.policy(Some(&info.policy))?.upload_bytes();
         let file = ws.create(&rel, overwrite)?;
@@ -509,10 +499,10 @@ impl Service {
     }
 
     pub fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error> {
-        let rel = workspace::validate(path)?;
+        let rel = names::path_of(path)?;
         let (ws, _, _hold) = self.open_workspace(caller, id)?;
         ws.remove(&rel)?;
-        Ok(Done { status: "deleted".into(), path: Some(rel.to_string_lossy().into_owned()) })
+        Ok(Done { status: "deleted".into(), path: Some(names::text(rel.as_os_str().as_bytes())) })
     }
 }
 
@@ -701,7 +691,7 @@ impl FileUpload for Upload {
             return Err(err);
         }
         Ok(FileEntry {
-            path: self.rel.to_string_lossy().into_owned(),
+            path: names::text(self.rel.as_os_str().as_bytes()),
             size_bytes: self.written,
             mime_type: artifacts::mime_type(&self.rel),
             modified_at: session::rfc3339(std::time::SystemTime::now()),

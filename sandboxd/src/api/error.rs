@@ -36,6 +36,8 @@ pub enum Code {
     MaxSessions,
     /// The caller's token already has its most runs going at once.
     MaxRuns,
+    /// The caller's token already has its most listings walked or sent at once.
+    MaxListings,
     /// The state directory's filesystem cannot hold another session.
     InsufficientStorage,
     Unavailable,
@@ -55,7 +57,7 @@ impl Code {
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             FileExists | FileBusy | SessionExists | SessionBusy => StatusCode::CONFLICT,
             CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            MaxSessions | MaxRuns => StatusCode::TOO_MANY_REQUESTS,
+            MaxSessions | MaxRuns | MaxListings => StatusCode::TOO_MANY_REQUESTS,
             InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -86,6 +88,7 @@ impl Code {
             ArtifactTooLarge => "artifact_too_large",
             MaxSessions => "max_sessions",
             MaxRuns => "max_runs",
+            MaxListings => "max_listings",
             InsufficientStorage => "insufficient_storage",
             Unavailable => "unavailable",
             Internal => "internal",
@@ -198,6 +201,8 @@ impl From<crate::service::Error> for ApiError {
             e @ S::UploadTooLarge { .. } => ApiError::new(Code::UploadTooLarge, e.to_string()),
             e @ S::FileTooLarge { .. } => ApiError::new(Code::ArtifactTooLarge, e.to_string()),
             e @ S::ShuttingDown => ApiError::new(Code::Unavailable, e.to_string()),
+            S::ListingsBusy(e @ crate::listing::Busy::Token(_)) => ApiError::new(Code::MaxListings, e.to_string()),
+            S::ListingsBusy(e @ crate::listing::Busy::Daemon(_)) => ApiError::new(Code::Unavailable, e.to_string()),
             e @ S::RunNotFound { .. } => ApiError::new(Code::RunNotFound, e.to_string()),
             S::Internal { context, error } => ApiError::internal(&context, error),
         }
@@ -298,6 +303,8 @@ mod tests {
             (S::UploadTooLarge { limit: 1 << 20 }, (413, "upload_too_large")),
             (S::FileTooLarge { path: "p".into(), limit: 1 }, (413, "artifact_too_large")),
             (S::ShuttingDown, (503, "unavailable")),
+            (crate::listing::Busy::Token(2).into(), (429, "max_listings")),
+            (crate::listing::Busy::Daemon(8).into(), (503, "unavailable")),
         ];
         for (e, want) in cases {
             let shown = e.to_string();

@@ -30,36 +30,72 @@ pub struct UploadQuery {
     pub overwrite: Option<String>,
 }
 
-/// Check a path from the URL (axum has percent-decoded it once). What still
-/// looks encoded after that was encoded twice: refused, never decoded again.
-fn checked_path(raw: &str) -> Result<&str, ApiError> {
-    let lower = raw.to_ascii_lowercase();
-    if ["%2e", "%2f", "%5c", "%00"].iter().any(|s| lower.contains(s)) {
-        return Err(ApiError::new(
-            Code::InvalidPath,
-            format!("invalid path {raw:?}: it is percent-encoded twice; encode a path once"),
-        ));
+/// A file route's session id and path, read from the URL as it came (axum's own
+/// extractors decode to UTF-8 strings, and a name need not be UTF-8): each
+/// percent-decoded exactly once, the path to bytes, checked
+/// ([`crate::workspace::validate`]: no `..`, `.` or empty parts, not absolute, no
+/// NUL), and handed on in its text form ([`crate::names`]). A name that looks
+/// percent-encoded (`%2e`) after that one decode is that name, nothing more.
+pub struct FileRoute {
+    pub id: String,
+    pub path: String,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for FileRoute {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, ApiError> {
+        // The route matched `/v1/sessions/{id}/files/{*path}` on this very path,
+        // where a `/` that is not `%2F` separates parts.
+        let raw = parts.uri.path();
+        let split = raw.strip_prefix("/v1/sessions/").and_then(|rest| rest.split_once('/'));
+        let Some((id, path)) = split.and_then(|(id, rest)| Some((id, rest.strip_prefix("files/")?))) else {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("{raw:?} is not a file route's path: use /v1/sessions/ID/files/PATH"),
+            ));
+        };
+        let id = String::from_utf8_lossy(&crate::names::from_url(id)).into_owned();
+        Ok(FileRoute { id, path: checked_path(path)? })
     }
-    crate::workspace::validate(raw).map_err(|e| ApiError::from(service::Error::from(e)))?;
-    Ok(raw)
+}
+
+/// The text form of the path `encoded` (a file route's `{path}`, as the URL has
+/// it): decoded once to bytes, and checked.
+fn checked_path(encoded: &str) -> Result<String, ApiError> {
+    let raw = crate::names::from_url(encoded);
+    crate::workspace::validate(&raw).map_err(|e| ApiError::from(service::Error::from(e)))?;
+    Ok(crate::names::text(&raw))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", operation_id = "list_files", tag = "files",
     params(("id" = String, Path, description = "the session's id")),
-    responses((status = 200, body = Vec<FileEntry>, description = "every regular file of the workspace, recursively, by path",
-        headers(("sandboxd-listing-partial" = String, description = "`true` when the workspace holds more than one listing reports (200,000 entries, 4 MiB of paths, 64 levels): what is listed is the first part, by path; else `false`")))))]
+    responses((status = 200, body = Vec<FileEntry>, description = "every regular file of the workspace, recursively, sorted by path (compared part by part); links, FIFOs, sockets and devices are never listed. A name that is not UTF-8 or holds a backslash is escaped in `path` (see `FileEntry`); `url` always reaches the file. At most 16 MiB of JSON (counted as encoded, so names of control bytes count sixfold), 200,000 entries read, 64 levels, 4 MiB of paths, paths of at most 4096 bytes. At most 8 listings are walked or sent at once in the daemon and 2 per token, each until its answer is read to the end: past that a listing waits up to 5 s, then gets 429 `max_listings` (the token's) or 503 `unavailable` (the daemon's)",
+        headers(("sandboxd-listing-partial" = String, description = "`true` when the workspace holds more than one listing reports (see above): what is listed is its first part, by path (a directory with more names than the walk reads is cut where its reading stopped); else `false`. Decided before the first byte, like `Content-Length`")))))]
 pub async fn list(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<([(header::HeaderName, &'static str); 1], Json<Vec<FileEntry>>), ApiError> {
+) -> Result<Response, ApiError> {
     let listing = state.service.listing(&caller, &id).await?;
     let partial = if listing.partial { "true" } else { "false" };
-    Ok(([(header::HeaderName::from_static(LISTING_PARTIAL), partial)], Json(listing.files)))
+    let length = listing.files.json_len();
+    // Encoded a piece at a time as the connection takes it: a slow reader holds
+    // the compact listing and one piece, never the whole JSON.
+    let chunks = listing.files.into_chunks().map(|c| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(c)));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (header::CONTENT_LENGTH, length.to_string()),
+            (header::HeaderName::from_static(LISTING_PARTIAL), partial.to_string()),
+        ],
+        Body::from_stream(futures_util::stream::iter(chunks)),
+    )
+        .into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", operation_id = "download_file", tag = "files",
-    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts")),
+    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts: the name's raw bytes percent-encoded, decoded exactly once (so `%252e` is a name holding `%2e`, and `%FF` the byte 0xff; a listing's `url` has it); no `.`, `..` or empty parts, no NUL, at most 4096 bytes")),
     responses((status = 200, description = "the file's bytes, with the `Content-Type` its name implies",
         content((FileBytes = "*/*")),
         headers(("content-disposition" = String, description = "`inline; filename=\"...\"; filename*=UTF-8''...` (RFC 6266: an ASCII fallback, then the name percent-encoded)"),
@@ -67,9 +103,9 @@ pub async fn list(
 pub async fn download(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
+    FileRoute { id, path }: FileRoute,
 ) -> Result<Response, ApiError> {
-    let opened = state.service.open_file(&caller, &id, checked_path(&path)?)?;
+    let opened = state.service.open_file(&caller, &id, &path)?;
     let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
         tokio::fs::File::from_std(opened.file),
         256 * 1024,
@@ -111,19 +147,20 @@ pub fn content_disposition(name: &[u8]) -> String {
 }
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", operation_id = "upload_file", tag = "files",
-    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts; missing directories are made"),
+    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts: the name's raw bytes percent-encoded, decoded exactly once (so `%252e` is a name holding `%2e`, and `%FF` the byte 0xff; a listing's `url` has it); no `.`, `..` or empty parts, no NUL, at most 4096 bytes; missing directories are made"),
         ("overwrite" = Option<String>, Query, description = "`true` (or `1`) replaces an existing file; default `false` (or `0`)")),
     request_body(content = FileBytes, content_type = "application/octet-stream", description = "the file's bytes, at most the policy's `upload_mb`"),
     responses((status = 201, body = FileEntry, description = "the file written")))]
 pub async fn upload(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
+    // A bad path is refused inside, so that the body is read away first.
+    route: Result<FileRoute, ApiError>,
     Query(q): Query<UploadQuery>,
     body: Body,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
     let opened = (|| {
-        let path = checked_path(&path)?;
+        let FileRoute { id, path } = route?;
         let overwrite = match q.overwrite.as_deref() {
             None | Some("false") | Some("0") => false,
             Some("true") | Some("1") => true,
@@ -134,7 +171,7 @@ pub async fn upload(
                 ))
             }
         };
-        Ok(state.service.create_file(&caller, &id, path, overwrite)?)
+        Ok(state.service.create_file(&caller, &id, &path, overwrite)?)
     })();
     let mut upload = match opened {
         Ok(upload) => upload,
@@ -186,14 +223,14 @@ async fn drain(mut stream: axum::body::BodyDataStream) {
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", operation_id = "delete_file", tag = "files",
-    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts")),
+    params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts: the name's raw bytes percent-encoded, decoded exactly once (so `%252e` is a name holding `%2e`, and `%FF` the byte 0xff; a listing's `url` has it); no `.`, `..` or empty parts, no NUL, at most 4096 bytes")),
     responses((status = 200, body = Done, description = "`{\"status\":\"deleted\",\"path\":...}`")))]
 pub async fn remove(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
+    FileRoute { id, path }: FileRoute,
 ) -> Result<Json<Done>, ApiError> {
-    Ok(Json(state.service.delete_file(&caller, &id, checked_path(&path)?)?))
+    Ok(Json(state.service.delete_file(&caller, &id, &path)?))
 }
 
 #[cfg(test)]

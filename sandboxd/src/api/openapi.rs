@@ -64,9 +64,9 @@ fn error_description(status: u16) -> &'static str {
         409 => "`session_busy` (a run is going on in it), `session_exists`, `file_exists` (pass `overwrite=true`) or `file_busy` (a lease or lock from the session's code)",
         413 => "`code_too_large` (more code than the policy's `code_kb`), `upload_too_large` (more than `upload_mb`, or the workspace is full)",
         415 => "`unsupported_media_type`: a JSON body without `Content-Type: application/json`",
-        429 => "`max_sessions` (the daemon's or the token's sessions are all taken) or `max_runs` (the token's runs at once)",
+        429 => "`max_sessions` (the daemon's or the token's sessions are all taken), `max_runs` (the token's runs at once) or `max_listings` (the token's listings walked or sent at once: read or close them first)",
         500 => "`internal`: a host failure; the daemon log has the cause",
-        503 => "`unavailable`: the daemon is shutting down; retry in a moment",
+        503 => "`unavailable`: the daemon is shutting down, or (a listing) walking or sending its most listings at once; retry after `Retry-After`",
         507 => "`insufficient_storage`: the state directory's filesystem could not hold every session's workspace filled up, a new one included; close sessions, free disk space or use a policy with a smaller `workspace_mb`",
         _ => "an error",
     }
@@ -89,7 +89,7 @@ pub const ERRORS: &[(&str, &[u16])] = &[
     ("cancel_run", &[400, 401, 404]),
     ("list_runs", &[400, 401, 404]),
     ("get_run", &[400, 401, 404]),
-    ("list_files", &[400, 401, 404]),
+    ("list_files", &[400, 401, 404, 429, 503]),
     ("download_file", &[400, 401, 404, 409, 413]),
     ("upload_file", &[400, 401, 404, 408, 409, 413]),
     ("delete_file", &[400, 401, 404, 409]),
@@ -196,7 +196,7 @@ pub fn document_for(limits: &Limits) -> Value {
                         (Some("path"), Some("id")) => p["schema"]["pattern"] = json!(SESSION_ID_PATTERN),
                         (Some("path"), Some("path")) => {
                             p["schema"]["minLength"] = json!(1);
-                            p["schema"]["maxLength"] = json!(1024);
+                            p["schema"]["maxLength"] = json!(crate::workspace::MAX_PATH);
                         }
                         (Some("query"), Some("overwrite")) => {
                             p["schema"] = json!({"type": "string", "enum": ["true", "false", "1", "0"]})

@@ -220,13 +220,12 @@ impl Operations for Memory {
         Box::pin(async move {
             self.enter(caller)?;
             let (key, info) = self.session(caller, id)?;
-            let files = self.files.lock().unwrap();
-            let files = files
-                .iter()
-                .filter(|((k, _), _)| *k == key)
-                .map(|((_, p), b)| Memory::entry(&info.id, p, b.len() as u64))
-                .collect();
-            Ok(Listing { files, partial: false })
+            let mut listed = crate::listing::Files::new(format!("http://localhost/v1/sessions/{}/files/", info.id));
+            let modified = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_767_225_600);
+            for ((_, p), b) in self.files.lock().unwrap().iter().filter(|((k, _), _)| *k == key) {
+                listed.push(p.as_bytes(), b.len() as u64, modified);
+            }
+            Ok(Listing { files: listed, partial: false })
         })
     }
     fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, service::Error> {
@@ -696,15 +695,17 @@ async fn a_stalled_body_is_408() {
     assert!(memory.files.lock().unwrap().is_empty());
 }
 
-/// Paths in file routes are checked at the edge: encoded twice, or leaving the workspace.
+/// Paths in file routes are checked at the edge, once decoded: leaving the
+/// workspace is refused; a name that still looks encoded is that name.
 #[tokio::test]
 async fn file_paths_and_upload_options_are_checked() {
     let memory = Arc::new(Memory::default());
     let app = unix(&memory);
     for uri in [
-        "/v1/sessions/s1/files/a%252e%252e/x",
-        "/v1/sessions/s1/files/a%252Fb",
         "/v1/sessions/s1/files/..%2Fetc%2Fpasswd",
+        "/v1/sessions/s1/files/%2e%2e/x",
+        "/v1/sessions/s1/files/a%00b",
+        "/v1/sessions/s1/files/%2Fetc%2Fpasswd",
         "/v1/sessions/s1/files//etc/passwd",
         "/v1/sessions/s1/files/a/../../b",
     ] {
@@ -715,6 +716,15 @@ async fn file_paths_and_upload_options_are_checked() {
     }
     assert_eq!(memory.calls(), 0, "refused paths never reach the service");
     send(&app, empty(Method::POST, "/v1/sessions")).await;
+    // Decoded exactly once, to bytes, and handed on as text (`names`).
+    for (uri, path) in [("a%252e%252e/x", "a%2e%2e/x"), ("a%252Fb", "a%2Fb"), ("a%FFb%5C", "a\\xffb\\\\")] {
+        let req = request(Method::PUT, &format!("/v1/sessions/s1/files/{uri}")).body(Body::from("x")).unwrap();
+        let entry = json_of(send(&app, req).await).await;
+        assert_eq!(entry["path"], path, "{uri}");
+        let got = send(&app, empty(Method::GET, &format!("/v1/sessions/s1/files/{uri}"))).await;
+        assert_eq!((got.status(), body_of(got).await), (StatusCode::OK, b"x".to_vec()), "{uri}");
+    }
+    memory.files.lock().unwrap().clear();
     let req = request(Method::PUT, "/v1/sessions/s1/files/a.txt?overwrite=yes").body(Body::from("x")).unwrap();
     let (status, code, message) = error_of(send(&app, req).await).await;
     assert_eq!((status, code.as_str()), (400, "invalid_request"));

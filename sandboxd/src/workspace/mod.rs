@@ -23,31 +23,25 @@
 //! Regular files with more than one link are refused for reads: a hard link may
 //! name a file the client should not see.
 
-use nix::dir::Dir;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{FileStat, Mode};
-use sha2::{Digest, Sha256};
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::marker::PhantomData;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ops::ControlFlow;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
-use std::time::{Duration, SystemTime};
 
-/// Most directory entries looked at in one walk; a bigger workspace is walked partly.
-pub const MAX_WALK: usize = 200_000;
-/// Most bytes of file paths one walk reports in all: a listing's size follows the
-/// paths' (a name of control bytes grows sixfold in JSON), and sandboxed code
-/// chooses them (hard links cost no space), so the walk stops there too.
-pub const MAX_WALK_PATH_BYTES: usize = 4 * 1024 * 1024;
-/// Deepest directory a walk descends into (it holds one fd per level).
-pub const MAX_DEPTH: usize = 64;
-/// Largest file hashed.
-pub const MAX_HASH_FILE: u64 = 64 * 1024 * 1024;
-/// Most bytes hashed by one snapshot (or one comparison) in all.
-pub const MAX_HASH_TOTAL: u64 = 256 * 1024 * 1024;
+mod walk;
+pub use walk::{
+    Found, Stat, Walked, MAX_DEPTH, MAX_HASH_FILE, MAX_HASH_TOTAL, MAX_WALK, MAX_WALK_NAME_BYTES, MAX_WALK_PATH_BYTES,
+};
+
+/// Longest path a route takes, in bytes (PATH_MAX): walks leave longer ones out,
+/// so every path they report is one a route reaches.
+pub const MAX_PATH: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -69,34 +63,38 @@ pub enum Error {
     Io(String, io::Error),
 }
 
-/// Check a client path: relative, no `..`, no NUL, no empty or `.` parts, not too
-/// long. Returns the normalised relative path.
-pub fn validate(path: &str) -> Result<PathBuf, Error> {
+/// Check a path (raw bytes, as [`crate::names`] reads them from a URL or a text):
+/// relative, no `..`, `.` or empty parts, no NUL, at most [`MAX_PATH`] bytes and
+/// 255 a part. Anything else a file name can hold is allowed (a backslash, `%`,
+/// bytes that are not UTF-8): the daemon acts on one component at a time, so none
+/// of it has a meaning here. Returns the path.
+pub fn validate(path: impl AsRef<[u8]>) -> Result<PathBuf, Error> {
+    let path = path.as_ref();
     let bad = |why: &str| {
-        Error::InvalidPath(format!("invalid path {path:?}: {why}; use a relative path like `out/chart.png`"))
+        Error::InvalidPath(format!(
+            "invalid path {:?}: {why}; use a relative path like `out/chart.png`",
+            crate::names::text(path)
+        ))
     };
     if path.is_empty() {
         return Err(bad("it is empty"));
     }
-    if path.len() > 1024 {
-        return Err(bad("it is longer than 1024 bytes"));
+    if path.len() > MAX_PATH {
+        return Err(bad(&format!("it is longer than {MAX_PATH} bytes")));
     }
-    if path.contains('\0') {
+    if path.contains(&0) {
         return Err(bad("it contains a NUL byte"));
     }
-    if path.starts_with('/') {
+    if path.starts_with(b"/") {
         return Err(bad("absolute paths are not allowed"));
     }
-    if path.contains('\\') {
-        return Err(bad("backslashes are not allowed"));
-    }
     let mut out = PathBuf::new();
-    for part in path.split('/') {
+    for part in path.split(|b| *b == b'/') {
         match part {
-            "" => return Err(bad("it has an empty component")),
-            "." | ".." => return Err(bad("`.` and `..` are not allowed")),
+            b"" => return Err(bad("it has an empty component")),
+            b"." | b".." => return Err(bad("`.` and `..` are not allowed")),
             p if p.len() > 255 => return Err(bad("a component is longer than 255 bytes")),
-            p => out.push(p),
+            p => out.push(OsStr::from_bytes(p)),
         }
     }
     if out.components().any(|c| !matches!(c, Component::Normal(_))) {
@@ -105,8 +103,9 @@ pub fn validate(path: &str) -> Result<PathBuf, Error> {
     Ok(out)
 }
 
+/// A path as messages show it: its text form ([`crate::names`]), never lossy.
 fn display(rel: &Path) -> String {
-    rel.display().to_string()
+    crate::names::text(rel.as_os_str().as_bytes())
 }
 
 /// One path component as a C string (validated paths have no NUL).
@@ -136,7 +135,7 @@ fn how(flags: OFlag, mode: u32) -> OpenHow {
         )
 }
 
-fn is(st: &FileStat, kind: libc::mode_t) -> bool {
+pub(super) fn is(st: &FileStat, kind: libc::mode_t) -> bool {
     (st.st_mode & libc::S_IFMT) == kind
 }
 
@@ -156,7 +155,7 @@ fn at(rel: &Path, wanted_dir: bool) -> impl Fn(nix::Error) -> Error + '_ {
 }
 
 /// Open the single component `name` in `dir` as a directory, checked with fstat.
-fn open_dir<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path) -> Result<OwnedFd, Error> {
+pub(super) fn open_dir<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path) -> Result<OwnedFd, Error> {
     let fd = nix::fcntl::openat2(&dir, name, how(OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)).map_err(|e| {
         // O_DIRECTORY answers ENOTDIR for a symlink too: say which it is.
         let link = e == nix::Error::ENOTDIR
@@ -176,7 +175,13 @@ fn open_dir<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path) -> Result<OwnedFd, Error
 
 /// Open the single component `name` in `dir` as a regular file with `flags`,
 /// checked with fstat; returns the fd and what fstat said.
-fn open_file<Fd: AsFd>(dir: Fd, name: &CStr, rel: &Path, flags: OFlag, mode: u32) -> Result<(File, FileStat), Error> {
+pub(super) fn open_file<Fd: AsFd>(
+    dir: Fd,
+    name: &CStr,
+    rel: &Path,
+    flags: OFlag,
+    mode: u32,
+) -> Result<(File, FileStat), Error> {
     let fd = nix::fcntl::openat2(dir, name, how(flags, mode)).map_err(at(rel, false))?;
     let st = nix::sys::stat::fstat(&fd).map_err(at(rel, false))?;
     if !is(&st, libc::S_IFREG) {
@@ -248,85 +253,6 @@ impl Drop for Identity {
             }
         }
     }
-}
-
-/// What a walk found for one regular file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
-    pub ino: u64,
-    pub size: u64,
-    pub nlink: u64,
-    pub mtime_ns: i128,
-    pub ctime_ns: i128,
-}
-
-impl Stat {
-    fn of(st: &FileStat) -> Stat {
-        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
-        Stat {
-            ino: st.st_ino,
-            size: st.st_size.max(0) as u64,
-            nlink: st.st_nlink,
-            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
-            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
-        }
-    }
-
-    pub fn modified(&self) -> SystemTime {
-        let ns = self.mtime_ns.max(0);
-        SystemTime::UNIX_EPOCH
-            + Duration::from_secs((ns / 1_000_000_000) as u64)
-            + Duration::from_nanos((ns % 1_000_000_000) as u64)
-    }
-}
-
-/// A regular file met by [`Workspace::walk`], with its directory's fd for hashing.
-pub struct Found<'a> {
-    dir: BorrowedFd<'a>,
-    name: &'a CStr,
-    pub path: &'a Path,
-    pub stat: Stat,
-}
-
-impl Found<'_> {
-    /// SHA-256 of the file's bytes, if it is still the regular file the walk
-    /// listed (same inode and size), at most [`MAX_HASH_FILE`] long, and fits in
-    /// `budget` (bytes left to hash; what is read is taken from it).
-    pub fn sha256(&self, budget: &mut u64) -> Option<[u8; 32]> {
-        let size = self.stat.size;
-        if size > MAX_HASH_FILE || size > *budget {
-            return None;
-        }
-        let (file, st) = open_file(self.dir, self.name, self.path, OFlag::O_RDONLY, 0).ok()?;
-        if st.st_ino != self.stat.ino || st.st_size.max(0) as u64 != size {
-            return None;
-        }
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut read = 0u64;
-        // One byte more than listed tells a file that grew meanwhile.
-        let mut limited = file.take(size + 1);
-        loop {
-            let n = match limited.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return None,
-            };
-            read += n as u64;
-            *budget = budget.saturating_sub(n as u64);
-            hasher.update(&buf[..n]);
-        }
-        (read == size).then(|| hasher.finalize().into())
-    }
-}
-
-/// How a walk ended.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Walked {
-    /// Entries were left out: more than [`MAX_WALK`], paths longer than
-    /// [`MAX_WALK_PATH_BYTES`] in all, or deeper than [`MAX_DEPTH`].
-    pub partial: bool,
 }
 
 /// A session workspace root, opened once per operation.
@@ -449,76 +375,12 @@ impl Workspace {
         })
     }
 
-    /// Call `visit` for every regular file below the root, never following a
-    /// link and never descending into anything but a directory opened by fd;
-    /// at most [`MAX_WALK`] entries, [`MAX_DEPTH`] levels.
-    pub fn walk(&self, mut visit: impl FnMut(&Found)) -> Result<Walked, Error> {
+    /// Call `visit` for every regular file below the root, in path order, until
+    /// it breaks ([`walk`]: by fd, never following a link, bounded).
+    pub fn walk(&self, mut visit: impl FnMut(&Found) -> ControlFlow<()>) -> Result<Walked, Error> {
         let _as = Identity::assume(self.uid)?;
         let root = self.root.try_clone().map_err(|e| Error::Io(".".into(), e))?;
-        let mut state = WalkState { seen: 0, path_bytes: 0, partial: false };
-        walk_dir(root, &mut PathBuf::new(), 0, &mut state, &mut visit);
-        Ok(Walked { partial: state.partial })
-    }
-
-    /// Every regular file below the root with what fstatat said, sorted by path.
-    pub fn files(&self) -> Result<(Vec<(PathBuf, Stat)>, Walked), Error> {
-        let mut out = vec![];
-        let walked = self.walk(|f| out.push((f.path.to_path_buf(), f.stat)))?;
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok((out, walked))
-    }
-}
-
-struct WalkState {
-    seen: usize,
-    path_bytes: usize,
-    partial: bool,
-}
-
-fn walk_dir(fd: OwnedFd, rel: &mut PathBuf, depth: usize, state: &mut WalkState, visit: &mut dyn FnMut(&Found)) {
-    let Ok(mut dir) = Dir::from_fd(fd) else { return };
-    // Names first (bounded by MAX_WALK in all), so that this level holds one fd
-    // while its subdirectories are walked.
-    let mut names: Vec<CString> = vec![];
-    for entry in dir.iter() {
-        let Ok(entry) = entry else { break };
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        state.seen += 1;
-        if state.seen > MAX_WALK {
-            state.partial = true;
-            break;
-        }
-        names.push(name.to_owned());
-    }
-    for name in names {
-        if state.path_bytes > MAX_WALK_PATH_BYTES {
-            break;
-        }
-        rel.push(OsStr::from_bytes(name.to_bytes()));
-        match nix::sys::stat::fstatat(&dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if is(&st, libc::S_IFREG) => {
-                state.path_bytes += rel.as_os_str().len();
-                if state.path_bytes > MAX_WALK_PATH_BYTES {
-                    state.partial = true;
-                } else {
-                    visit(&Found { dir: dir.as_fd(), name: &name, path: rel, stat: Stat::of(&st) });
-                }
-            }
-            Ok(st) if is(&st, libc::S_IFDIR) => {
-                if depth + 1 >= MAX_DEPTH {
-                    state.partial = true;
-                } else if let Ok(sub) = open_dir(&dir, &name, rel) {
-                    // Swapped for a link meanwhile: openat2 refuses it, skipped.
-                    walk_dir(sub, rel, depth + 1, state, visit);
-                }
-            }
-            // Links, FIFOs, sockets, devices, or gone: never listed.
-            _ => {}
-        }
-        rel.pop();
+        walk::walk(root, &mut visit)
     }
 }
 
@@ -531,22 +393,30 @@ mod tests {
         nix::unistd::getuid().as_raw()
     }
 
-    fn listed(ws: &Workspace) -> Vec<String> {
-        ws.files().unwrap().0.into_iter().map(|(p, _)| p.to_string_lossy().into_owned()).collect()
-    }
-
     #[test]
     fn accepts_plain_relative_paths() {
         assert_eq!(validate("a.txt").unwrap(), PathBuf::from("a.txt"));
         assert_eq!(validate("out/sub/c.png").unwrap(), PathBuf::from("out/sub/c.png"));
         assert_eq!(validate("..hidden").unwrap(), PathBuf::from("..hidden"));
+        // Whatever a file name can hold: a route reaches every file a walk reports.
+        for name in [&b"a\\..\\b"[..], b"%2e%2e%2fx", b"a%00", b"\xff\xfe/x", b"\x01\n"] {
+            assert_eq!(validate(name).unwrap().as_os_str().as_bytes(), name);
+        }
+        let longest = vec!["d".repeat(255); 16].join("/");
+        assert_eq!(validate(&longest).unwrap().as_os_str().len(), MAX_PATH - 1);
     }
 
     #[test]
     fn refuses_traversal_absolute_nul_and_empty_parts() {
-        for bad in ["", "/etc/passwd", "../x", "a/../../x", "a/./b", "a//b", "a/", "x\0y", "a\\..\\b", "."] {
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", "a/./b", "a//b", "a/", "x\0y", ".", "..", "a/.."] {
             assert!(validate(bad).is_err(), "{bad:?} must be refused");
         }
+        let too_long = format!("{}/xy", vec!["d".repeat(255); 16].join("/"));
+        assert!(validate(too_long).is_err());
+        assert!(validate("n".repeat(256)).is_err());
+        // Messages name a path by its text form, whatever its bytes.
+        let e = validate(b"\xff/../x").unwrap_err().to_string();
+        assert!(e.starts_with("invalid path \"\\\\xff/../x\""), "{e}");
     }
 
     #[test]
@@ -596,103 +466,5 @@ mod tests {
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing made outside");
         ws.create(Path::new("real/b/c/x.txt"), false).unwrap();
         assert!(dir.path().join("real/b/c/x.txt").is_file());
-    }
-
-    #[test]
-    fn a_walk_stops_at_its_path_budget_and_says_it_is_partial() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("b"), b"x").unwrap();
-        // Hard links with 250-byte names: more path bytes than one walk reports.
-        let long = "n".repeat(245);
-        let count = MAX_WALK_PATH_BYTES / 250 + 100;
-        for i in 0..count {
-            std::fs::hard_link(dir.path().join("b"), dir.path().join(format!("{long}{i:05}"))).unwrap();
-        }
-        let ws = Workspace::open(dir.path(), me()).unwrap();
-        let (files, walked) = ws.files().unwrap();
-        assert!(walked.partial);
-        let bytes: usize = files.iter().map(|(p, _)| p.as_os_str().len()).sum();
-        assert!(bytes <= MAX_WALK_PATH_BYTES && files.len() < count + 1, "{} files, {bytes} bytes", files.len());
-        assert!(files.len() > count - 200, "the walk reports up to its budget: {}", files.len());
-    }
-
-    #[test]
-    fn walk_lists_regular_files_only_and_never_follows_links() {
-        let dir = tempfile::tempdir().unwrap();
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("host-secret"), b"s").unwrap();
-        let root = dir.path();
-        std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
-        std::fs::write(root.join("sub/deeper/a.csv"), b"1").unwrap();
-        std::fs::write(root.join("top.txt"), b"2").unwrap();
-        symlink(outside.path(), root.join("sub/dirlink")).unwrap();
-        symlink(outside.path().join("host-secret"), root.join("filelink")).unwrap();
-        nix::unistd::mkfifo(&root.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
-        let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
-        let ws = Workspace::open(root, me()).unwrap();
-        assert_eq!(listed(&ws), vec!["sub/deeper/a.csv", "top.txt"]);
-    }
-
-    #[test]
-    fn never_hashes_or_blocks_on_a_fifo_swapped_in_after_listing() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        std::fs::write(root.join("f"), b"abc").unwrap();
-        let ws = Workspace::open(root, me()).unwrap();
-        let mut hashes = vec![];
-        ws.walk(|found| {
-            // The name becomes a FIFO between the listing and the open.
-            std::fs::remove_file(root.join("f")).unwrap();
-            nix::unistd::mkfifo(&root.join("f"), Mode::from_bits_truncate(0o600)).unwrap();
-            let mut budget = MAX_HASH_TOTAL;
-            hashes.push(found.sha256(&mut budget));
-        })
-        .unwrap();
-        assert_eq!(hashes, vec![None]);
-        // And a symlink to a FIFO outside is never opened either.
-        let outside = tempfile::tempdir().unwrap();
-        nix::unistd::mkfifo(&outside.path().join("p"), Mode::from_bits_truncate(0o600)).unwrap();
-        std::fs::remove_file(root.join("f")).unwrap();
-        std::fs::write(root.join("f"), b"abc").unwrap();
-        let mut hashes = vec![];
-        ws.walk(|found| {
-            std::fs::remove_file(root.join("f")).unwrap();
-            symlink(outside.path().join("p"), root.join("f")).unwrap();
-            let mut budget = MAX_HASH_TOTAL;
-            hashes.push(found.sha256(&mut budget));
-        })
-        .unwrap();
-        assert_eq!(hashes, vec![None]);
-    }
-
-    #[test]
-    fn hashing_is_bounded_in_total() {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..4 {
-            std::fs::write(dir.path().join(format!("f{i}")), vec![b'x'; 1000]).unwrap();
-        }
-        let ws = Workspace::open(dir.path(), me()).unwrap();
-        let mut budget = 2500u64;
-        let mut hashed = 0;
-        ws.walk(|f| hashed += usize::from(f.sha256(&mut budget).is_some())).unwrap();
-        assert_eq!(hashed, 2, "two files of 1000 bytes fit in 2500");
-        assert_eq!(budget, 500);
-    }
-
-    #[test]
-    fn walks_are_bounded_in_depth() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut deep = dir.path().to_path_buf();
-        for _ in 0..MAX_DEPTH + 5 {
-            deep.push("d");
-        }
-        std::fs::create_dir_all(&deep).unwrap();
-        std::fs::write(deep.join("deep.txt"), b"x").unwrap();
-        std::fs::write(dir.path().join("shallow.txt"), b"x").unwrap();
-        let ws = Workspace::open(dir.path(), me()).unwrap();
-        let (files, walked) = ws.files().unwrap();
-        assert!(walked.partial);
-        assert_eq!(files.len(), 1);
-        assert_eq!(files[0].0, PathBuf::from("shallow.txt"));
     }
 }

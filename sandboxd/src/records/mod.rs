@@ -15,7 +15,10 @@
 //! [`KEPT_CODE`] bytes of the code and [`KEPT_OUTPUT`] bytes of each output stream.
 //!
 //! Only one run of a session goes at a time (its lease), so one writer per
-//! directory; readers see whole files (each write is a rename).
+//! directory; readers see whole files (each write is a rename). A record always
+//! fits in [`MAX_RECORD`] as stored, whatever the run chose ([`fit`]).
+
+mod fit;
 
 use crate::run::{Language, RunResult, Status};
 use crate::session::Mode;
@@ -36,8 +39,11 @@ pub const MAX_BYTES: u64 = 8 * 1024 * 1024;
 pub const KEPT_CODE: usize = 256 * 1024;
 /// Bytes of each of a run's output streams a record keeps.
 pub const KEPT_OUTPUT: usize = 64 * 1024;
+/// Bytes of the error a `failed` record keeps.
+pub const KEPT_ERROR: usize = 4 * 1024;
 /// Largest record, as stored (JSON): a record past it keeps fewer artifacts, then
-/// less output, then less code ([`RunRecord::fit`]).
+/// less output and less of the kernel's `result` and `exception`, then less code
+/// ([`RunRecord::encode`]).
 pub const MAX_RECORD: usize = 1024 * 1024;
 /// Room on disk a session's records may take: [`MAX_BYTES`], and the newest record
 /// past it until the next run begins.
@@ -92,13 +98,20 @@ pub struct RunRecord {
     /// The run's code: its first 256 KiB (`code_truncated` says when it was longer).
     pub code: String,
     pub code_truncated: bool,
-    /// The result its caller got, with only the first 64 KiB of each output stream
-    /// (`output_cut` says when the record holds less than the caller got) and, in
-    /// a record that would take more than 1 MiB, fewer artifacts (`artifacts_cut`);
-    /// null until the run ends, and for `interrupted` and `failed`.
+    /// The result its caller got, with only the first 64 KiB of each output stream;
+    /// a record that would take more than 1 MiB as JSON keeps fewer artifacts, then
+    /// the start of its output and of a kernel's `result` and `exception` texts
+    /// (the longest cut first), then the start of its code, until it fits. The
+    /// flags say what it holds less of than the caller got. Null until the run
+    /// ends, and for `interrupted` and `failed`.
     pub result: Option<RunResult>,
+    /// `stdout` or `stderr` holds less than the caller got.
     pub output_cut: bool,
+    /// `artifacts` holds only the first of those the caller got.
     pub artifacts_cut: bool,
+    /// A kernel cell's `result` or `exception` holds the start of its texts only.
+    #[serde(default)]
+    pub kernel_result_cut: bool,
     /// Why the daemon could not run it (`failed`), or what cut it off (`interrupted`).
     pub error: Option<String>,
 }
@@ -141,37 +154,8 @@ impl RunRecord {
             result: None,
             output_cut: false,
             artifacts_cut: false,
+            kernel_result_cut: false,
             error: None,
-        }
-    }
-
-    /// The record as stored: JSON of at most [`MAX_RECORD`] bytes. Escapes can make
-    /// the text take up to 6 times its bytes, and the artifacts' list has no bound
-    /// of its own: past the limit, the record keeps half its artifacts, then half
-    /// its output, then half its code, until it fits (and says so).
-    fn encode(&self) -> io::Result<Vec<u8>> {
-        let mut record = std::borrow::Cow::Borrowed(self);
-        loop {
-            let bytes = serde_json::to_vec(&*record).map_err(io::Error::other)?;
-            if bytes.len() <= MAX_RECORD {
-                return Ok(bytes);
-            }
-            let r = record.to_mut();
-            let result = r.result.as_mut();
-            if let Some(res) = result.filter(|res| !res.artifacts.is_empty()) {
-                res.artifacts.truncate(res.artifacts.len() / 2);
-                r.artifacts_cut = true;
-            } else if let Some(res) = r.result.as_mut().filter(|res| !res.stdout.is_empty() || !res.stderr.is_empty()) {
-                res.stdout = cut(&res.stdout, res.stdout.len() / 2).0;
-                res.stderr = cut(&res.stderr, res.stderr.len() / 2).0;
-                r.output_cut = true;
-            } else if !r.code.is_empty() {
-                r.code = cut(&r.code, r.code.len() / 2).0;
-                r.code_truncated = true;
-            } else {
-                // Nothing the run chose is left to cut: the rest is the daemon's own.
-                return Ok(bytes);
-            }
         }
     }
 
@@ -191,7 +175,7 @@ impl RunRecord {
             }
             Err(why) => {
                 self.status = RecordStatus::Failed;
-                self.error = Some(why);
+                self.error = Some(cut(&why, KEPT_ERROR).0);
             }
         }
     }
@@ -432,7 +416,7 @@ fn write_atomic(path: &Path, record: &RunRecord) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn result(stdout: &str) -> RunResult {
+    pub(super) fn result(stdout: &str) -> RunResult {
         RunResult {
             run_id: "r".into(),
             session_id: "s".into(),
@@ -451,7 +435,7 @@ mod tests {
         }
     }
 
-    fn id(i: usize) -> String {
+    pub(super) fn id(i: usize) -> String {
         format!("{i:032x}")
     }
 
@@ -513,36 +497,14 @@ mod tests {
     }
 
     #[test]
-    fn a_record_fits_in_its_bound_whatever_its_text_escapes_to() {
-        let dir = tempfile::tempdir().unwrap();
-        let records = Records::of(dir.path());
-        // Control bytes take 6 bytes each as JSON; 100 artifacts of long such names.
-        let nasty = "\u{1}".repeat(4000);
-        let mut r = result(&"\u{1}".repeat(KEPT_OUTPUT));
-        r.stderr = r.stdout.clone();
-        r.artifacts = (0..100)
-            .map(|i| crate::run::Artifact {
-                path: format!("{nasty}{i}"),
-                size_bytes: 1,
-                mime_type: "text/plain".into(),
-                kind: crate::run::ArtifactKind::File,
-                url: format!("http://x/{}", "%01".repeat(4000)),
-            })
-            .collect();
-        let mut p = records.begin(RunRecord::accepted(&id(1), Language::Python, Mode::Script, &nasty)).unwrap();
-        p.record.ended(Ok(&r));
-        records.finish(&p).unwrap();
-        let stored = fs::metadata(&p.path).unwrap().len();
-        assert!(stored <= MAX_RECORD as u64, "{stored}");
-        let got = records.get(&id(1)).unwrap().unwrap();
-        let kept = got.result.unwrap();
-        assert!(got.artifacts_cut && !kept.artifacts.is_empty() && kept.artifacts.len() < 100);
-        assert_eq!(kept.stdout.len(), KEPT_OUTPUT, "the output stays whole once the artifacts fit");
-        // A file that is no record is an error for the one asking for it, and is
-        // passed over by a listing.
-        fs::write(&p.path, b"{").unwrap();
-        assert_eq!(records.get(&id(1)).unwrap_err().kind(), io::ErrorKind::InvalidData);
-        assert_eq!(records.page(None, 10).unwrap().unwrap().runs.len(), 0);
+    fn a_record_written_before_kernel_result_cut_existed_reads_back() {
+        let mut v = serde_json::to_value(RunRecord::accepted(&id(3), Language::Python, Mode::Script, "1")).unwrap();
+        v.as_object_mut().unwrap().remove("kernel_result_cut");
+        let back: RunRecord = serde_json::from_value(v).unwrap();
+        assert!(!back.kernel_result_cut);
+        let mut failed = RunRecord::accepted(&id(3), Language::Python, Mode::Script, "1");
+        failed.ended(Err("e".repeat(KEPT_ERROR * 3)));
+        assert_eq!(failed.error.unwrap().len(), KEPT_ERROR);
     }
 
     #[test]
