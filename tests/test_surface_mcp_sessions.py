@@ -118,7 +118,7 @@ def test_idle_sessions_expire_and_free_their_places(fresh_daemon):
         full = c.post("/mcp", json=INIT, headers=headers("tok-a"))
         assert (full.status_code, full.json()["error"]["code"]) == (429, "max_sessions"), full.text
         assert full.headers["retry-after"] in ("1", "2", "3"), full.headers
-        assert "idle one expires (a session without a request for 3 s is closed)" in full.json()["error"]["message"]
+        assert "(a session is closed once it has had no request for 3 s)" in full.json()["error"]["message"]
         # Used now: still there after a second; idle 3 s: gone.
         time.sleep(1)
         assert c.post("/mcp", json=LIST_TOOLS, headers=headers("tok-a", sids[0])).status_code == 200
@@ -128,6 +128,29 @@ def test_idle_sessions_expire_and_free_their_places(fresh_daemon):
             assert (gone.status_code, gone.json()["error"]["code"]) == (404, "session_not_found"), gone.text
         assert initialize(c, "tok-a").status_code == 200
         assert initialize(c, "tok-a").status_code == 200
+
+
+def test_a_call_longer_than_the_idle_time_keeps_its_session(fresh_daemon):
+    """A session is idle only with no request in flight: a 6 s run under an idle time
+    of 3 s (and no progress notifications) answers, and the session stays usable
+    (rmcp's own keep-alive, which counted only messages, closed it mid-call); then,
+    idle, it expires."""
+    d = fresh_daemon(tokens=["tok-a"], args=["--mcp-session-idle-s", "3", "--pool-size", "0"])
+    call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": {"code": "import time; time.sleep(6); print('slept')"}}}
+    with d.http(token="tok-a") as c:
+        sid = initialize(c, "tok-a").headers["mcp-session-id"]
+        started = time.monotonic()
+        r = c.post("/mcp", json=call, headers=headers("tok-a", sid), timeout=60)
+        assert r.status_code == 200 and "slept" in r.text, r.text
+        assert time.monotonic() - started >= 6
+        assert c.post("/mcp", json=LIST_TOOLS, headers=headers("tok-a", sid)).status_code == 200
+        time.sleep(5)
+        gone = c.post("/mcp", json=LIST_TOOLS, headers=headers("tok-a", sid))
+        assert (gone.status_code, gone.json()["error"]["code"]) == (404, "session_not_found"), gone.text
+        # The run's session (made for the call) is kept and named, as the result said.
+        made = r.text.split("note: this call made session ")[1].split()[0]
+        assert c.delete(f"/v1/sessions/{made}").status_code == 200
 
 
 def test_another_tokens_session_id_gets_the_unknown_id_answer(fresh_daemon):

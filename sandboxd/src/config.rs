@@ -80,7 +80,7 @@ pub struct Settings {
     /// Most MCP protocol sessions one bearer token may hold at once (default: half of mcp_max_sessions, rounded up).
     #[arg(long, env = "SANDBOXD_TOKEN_MCP_MAX_SESSIONS")]
     pub token_mcp_max_sessions: Option<usize>,
-    /// Seconds an MCP protocol session may go without a request before it is closed.
+    /// Seconds an MCP protocol session may go with no request (none in flight) before it is closed.
     #[arg(long, env = "SANDBOXD_MCP_SESSION_IDLE_S")]
     pub mcp_session_idle_s: Option<u64>,
     /// Most open connections per listener; more are closed at once.

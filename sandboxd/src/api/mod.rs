@@ -74,9 +74,13 @@ fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::Met
     // The surface guard checked Host and Origin already; rmcp checks the names again.
     config = config.with_allowed_hosts(surface.host_names());
     let sessions = mcp::protocol::Registry::new(state.mcp_sessions);
+    let manager = mcp::protocol::Bound::new(sessions.clone());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(mcp::protocol::reap(sessions.clone(), manager.sessions(), state.shutdown.child_token()));
+    }
     let service = StreamableHttpService::new(
         move || Ok(mcp::SandboxMcp::new(backend.clone(), limits.as_ref())),
-        mcp::protocol::Bound::new(sessions.clone()).into(),
+        manager.into(),
         config,
     );
     axum::routing::any_service(service).layer(axum::middleware::from_fn_with_state(sessions, mcp::protocol::guard))

@@ -2,8 +2,8 @@
 //! to the token that made them.
 //!
 //! rmcp keeps each protocol session in memory (a worker task, its channels and
-//! caches: about 83 KB) until it has been idle for its keep-alive or is deleted:
-//! 9,000 `initialize` calls in 8 s once held 750 MB. Two pieces bound that:
+//! caches: about 83 KB) until it is closed: 9,000 `initialize` calls in 8 s once
+//! held 750 MB. Three pieces bound that:
 //!
 //! - [`guard`], in front of rmcp's service at `/mcp` (after `auth`, so it knows
 //!   the [`Caller`]). A request that may make a session (a POST without
@@ -17,8 +17,12 @@
 //! - [`Bound`], the session manager rmcp calls (rmcp's own in-memory one inside).
 //!   When rmcp makes a session it binds it to the place its request took (handed
 //!   over in a task-local: rmcp's session manager never sees the HTTP request), and
-//!   when rmcp closes one (DELETE, idle expiry, a failed handshake) it frees the
+//!   when rmcp closes one (DELETE, [`reap`], a failed handshake) it frees the
 //!   place.
+//! - [`reap`] closes each session that has had no request in flight and none for
+//!   `mcp_session_idle_s`. rmcp's own keep-alive is off: its clock counts only
+//!   messages, so it closed a session in the middle of a tool call that ran longer
+//!   than the keep-alive without progress notifications.
 
 use crate::api::error::{ApiError, Code};
 use crate::service::Caller;
@@ -26,7 +30,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
 use rmcp::transport::streamable_http_server::session::{EventStore, ServerSseMessage, SessionId, SessionManager};
@@ -34,6 +38,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// The header that names a protocol session.
 pub const HEADER: &str = "mcp-session-id";
@@ -46,7 +51,7 @@ pub struct SessionLimits {
     /// By one token (`token_mcp_max_sessions`); callers without a token (no
     /// `tokens` configured) are held to `max` alone.
     pub per_token: usize,
-    /// A session without a request for this long is closed (`mcp_session_idle_s`).
+    /// A session with no request in flight and none for this long is closed (`mcp_session_idle_s`).
     pub idle: Duration,
 }
 
@@ -66,9 +71,18 @@ struct Held {
 
 struct Entry {
     owner: Option<String>,
-    /// When a request last named it (rmcp's idle clock also counts the server's
-    /// own messages, so this is when it expires at the earliest).
+    /// When a request naming it last came or ended.
     last_used: Instant,
+    /// Requests naming it whose answers are still going (a tool call's, a GET
+    /// stream's): a session is never idle while one is.
+    in_flight: usize,
+}
+
+impl Entry {
+    /// How long until it is idle long enough to be closed (None while in use).
+    fn expires_in(&self, idle: Duration, now: Instant) -> Option<Duration> {
+        (self.in_flight == 0).then(|| idle.saturating_sub(now.saturating_duration_since(self.last_used)))
+    }
 }
 
 /// A place for one session, taken before its `initialize` reaches rmcp. It
@@ -131,14 +145,17 @@ impl Registry {
         let mut held = self.lock();
         let now = Instant::now();
         let soonest = |held: &Held, token: bool| {
-            held.sessions
-                .values()
-                .filter(|e| !token || e.owner == owner)
-                .map(|e| self.limits.idle.saturating_sub(now.saturating_duration_since(e.last_used)))
-                .min()
+            let mut counted = held.sessions.values().filter(|e| !token || e.owner == owner).peekable();
+            let soonest = match counted.peek() {
                 // Only initializes in flight hold it: they end within moments.
-                .unwrap_or(Duration::from_secs(1))
-                .max(Duration::from_secs(1))
+                None => Duration::ZERO,
+                // The first idle one to expire; if every one is in use, a whole idle time.
+                Some(_) => {
+                    counted.filter_map(|e| e.expires_in(self.limits.idle, now)).min().unwrap_or(self.limits.idle)
+                }
+            };
+            // Whole seconds, and the reaper's second.
+            Duration::from_secs(soonest.as_secs() + 1)
         };
         let mine = held.per_owner.get(&owner).copied().unwrap_or(0);
         if owner.is_some() && mine >= self.limits.per_token {
@@ -160,7 +177,7 @@ impl Registry {
         if place.bound.swap(true, Ordering::SeqCst) {
             return false;
         }
-        held.sessions.insert(id.clone(), Entry { owner: place.owner.clone(), last_used: Instant::now() });
+        held.sessions.insert(id.clone(), Entry { owner: place.owner.clone(), last_used: Instant::now(), in_flight: 0 });
         true
     }
 
@@ -172,21 +189,69 @@ impl Registry {
         }
     }
 
-    /// Whether `id` is a session of `owner`'s (and if so, it was used now).
-    pub fn touch(&self, id: &str, owner: &Option<String>) -> bool {
+    /// A request of `owner`'s naming session `id`: in use until the [`Visit`] is
+    /// dropped (its answer ended). None when `id` is not a session of `owner`'s.
+    pub fn enter(self: &Arc<Self>, id: &str, owner: &Option<String>) -> Option<Visit> {
         let mut held = self.lock();
-        match held.sessions.get_mut(id) {
-            Some(entry) if entry.owner == *owner => {
-                entry.last_used = Instant::now();
-                true
-            }
-            _ => false,
+        let (key, entry) = held.sessions.get_key_value(id)?;
+        if entry.owner != *owner {
+            return None;
         }
+        let key = key.clone();
+        let entry = held.sessions.get_mut(id)?;
+        entry.in_flight += 1;
+        entry.last_used = Instant::now();
+        Some(Visit { registry: self.clone(), id: key })
+    }
+
+    /// The sessions idle for the idle time: no request in flight, none for that long.
+    pub fn expired(&self) -> Vec<SessionId> {
+        let now = Instant::now();
+        let held = self.lock();
+        held.sessions
+            .iter()
+            .filter(|(_, e)| e.expires_in(self.limits.idle, now).is_some_and(|left| left.is_zero()))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Sessions held, and places in flight, in the whole daemon.
     pub fn total(&self) -> usize {
         self.lock().total
+    }
+}
+
+/// A request naming a session, from when it came until its answer ended.
+pub struct Visit {
+    registry: Arc<Registry>,
+    id: SessionId,
+}
+
+impl Drop for Visit {
+    fn drop(&mut self) {
+        let mut held = self.registry.lock();
+        if let Some(entry) = held.sessions.get_mut(&self.id) {
+            entry.in_flight = entry.in_flight.saturating_sub(1);
+            entry.last_used = Instant::now();
+        }
+    }
+}
+
+/// Close, once a second, every session [`Registry::expired`] names, until `stop`.
+pub async fn reap(registry: Arc<Registry>, sessions: Arc<LocalSessionManager>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for id in registry.expired() {
+            registry.release(&id);
+            if let Err(e) = sessions.close_session(&id).await {
+                tracing::warn!(error = %e, "could not close an idle MCP session");
+            }
+        }
     }
 }
 
@@ -199,8 +264,8 @@ impl Full {
         };
         format!(
             "{whose} {limit} MCP sessions, its most ({key}): end one you no longer use with DELETE /mcp and its \
-             Mcp-Session-Id header, or retry in {retry} s, when the first idle one expires (a session without a \
-             request for {idle} s is closed)",
+             Mcp-Session-Id header, or retry in {retry} s (a session is closed once it has had no request for \
+             {idle} s)",
             limit = self.limit,
             retry = self.retry_after.as_secs(),
             idle = self.idle.as_secs(),
@@ -252,9 +317,17 @@ pub async fn guard(State(registry): State<Arc<Registry>>, req: Request, next: Ne
             }
         },
         (None, _) => next.run(req).await,
-        (Some(id), None) => match id.to_str() {
-            Ok(id) if registry.touch(id, &caller.owner) => next.run(req).await,
-            _ => unknown(registry.limits),
+        (Some(id), None) => match id.to_str().ok().and_then(|id| registry.enter(id, &caller.owner)) {
+            Some(visit) => {
+                // In use until its answer (a tool call's events, a GET stream) has ended.
+                let (parts, body) = next.run(req).await.into_parts();
+                let body = body.into_data_stream().map(move |chunk| {
+                    let _in_use = &visit;
+                    chunk
+                });
+                Response::from_parts(parts, axum::body::Body::from_stream(body))
+            }
+            None => unknown(registry.limits),
         },
         (Some(_), Some(_)) => {
             ApiError::new(Code::InvalidRequest, "more than one Mcp-Session-Id header: send the session's id once")
@@ -276,15 +349,21 @@ pub enum Error {
 
 /// rmcp's in-memory session manager, with every session bound to its place.
 pub struct Bound {
-    inner: LocalSessionManager,
+    inner: Arc<LocalSessionManager>,
     registry: Arc<Registry>,
 }
 
 impl Bound {
+    /// Sessions are closed by [`reap`] (give it [`Bound::sessions`]), not by rmcp's keep-alive.
     pub fn new(registry: Arc<Registry>) -> Bound {
         let mut inner = LocalSessionManager::default();
-        inner.session_config.keep_alive = Some(registry.limits.idle);
-        Bound { inner, registry }
+        inner.session_config.keep_alive = None;
+        Bound { inner: Arc::new(inner), registry }
+    }
+
+    /// rmcp's session manager inside, for [`reap`].
+    pub fn sessions(&self) -> Arc<LocalSessionManager> {
+        self.inner.clone()
     }
 }
 
@@ -408,7 +487,7 @@ mod tests {
         bound(&r, Some("t1"), "b");
         let full = r.reserve(Some("t1".into())).err().unwrap();
         assert!(full.token && full.limit == 2);
-        assert!((299..=300).contains(&full.retry_after.as_secs()), "{full:?}");
+        assert!((300..=301).contains(&full.retry_after.as_secs()), "{full:?}");
         assert!(full.message().contains("token_mcp_max_sessions") && full.message().contains("DELETE /mcp"));
         bound(&r, Some("t2"), "c");
         // No per-token limit without a token: only the daemon's.
@@ -421,12 +500,33 @@ mod tests {
     fn a_session_answers_only_its_owner() {
         let r = Registry::new(limits(4, 4));
         let id = bound(&r, Some("t1"), "s1");
-        assert!(r.touch(&id, &Some("t1".into())));
-        assert!(!r.touch(&id, &Some("t2".into())));
-        assert!(!r.touch(&id, &None));
-        assert!(!r.touch("unknown", &Some("t1".into())));
+        assert!(r.enter(&id, &Some("t1".into())).is_some());
+        assert!(r.enter(&id, &Some("t2".into())).is_none());
+        assert!(r.enter(&id, &None).is_none());
+        assert!(r.enter("unknown", &Some("t1".into())).is_none());
         let place = r.reserve(Some("t1".into())).unwrap();
         assert!(r.bind(&place, &"s2".into()));
         assert!(!r.bind(&place, &"s3".into()), "one session per place");
+    }
+
+    #[test]
+    fn a_session_in_use_never_expires_and_an_idle_one_does() {
+        let r = Registry::new(SessionLimits { max: 4, per_token: 4, idle: Duration::from_millis(50) });
+        let busy = bound(&r, None, "busy");
+        let idle = bound(&r, None, "idle");
+        let visit = r.enter(&busy, &None).unwrap();
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(r.expired(), vec![idle.clone()]);
+        // Full, with only sessions in use: a whole idle time (rounded up to seconds).
+        r.release(&idle);
+        let r2 = Registry::new(SessionLimits { max: 1, per_token: 1, idle: Duration::from_secs(7) });
+        let only = bound(&r2, None, "only");
+        let _in_use = r2.enter(&only, &None).unwrap();
+        assert_eq!(r2.reserve(None).err().unwrap().retry_after, Duration::from_secs(8));
+        // Its answer ended: idle from now on.
+        drop(visit);
+        assert!(r.expired().is_empty());
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(r.expired(), vec![busy]);
     }
 }
