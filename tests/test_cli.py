@@ -99,3 +99,141 @@ def test_sessions_runs_lists_and_shows_run_records(daemon):
     missing = ctl(daemon, "sessions", "run", sid, "0" * 32)
     assert missing.returncode != 0 and missing.stderr.rstrip().endswith("(run_not_found)"), missing.stderr
     ctl(daemon, "sessions", "rm", sid)
+
+
+# --- what one command leaves: sessions on the daemon, bytes on the operator's disk -----
+
+SPARSE = """
+for i in range(3):
+    with open(f"sparse{i}.bin", "wb") as f:
+        f.write(b"head")
+        f.truncate(300 * 1024 * 1024)  # a hole: no space in the workspace
+        f.seek(300 * 1024 * 1024 - 4)
+        f.write(b"tail")
+open("small.txt", "w").write("x")
+"""
+SPARSE_SIZE = 300 * 1024 * 1024
+
+
+def session_ids(daemon):
+    with daemon.uds() as c:
+        return sorted(s["id"] for s in c.get("/v1/sessions").json())
+
+
+def ctl_measured(daemon, *args, stdin=""):
+    """Run sandboxctl under GNU time: (exit code, stdout, stderr, its peak RSS in KiB).
+    (A child's ru_maxrss seen from here would include this Python process, whose
+    memory a forked child starts with.)"""
+    import tempfile
+    with tempfile.NamedTemporaryFile(mode="r") as peak:
+        r = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, str(CTL), "--socket", str(daemon.socket),
+                            *args], input=stdin, capture_output=True, text=True, timeout=300)
+        return r.returncode, r.stdout, r.stderr, int(peak.read().split()[-1])
+
+
+def test_run_without_a_session_leaves_none_unless_kept(daemon, tmp_path):
+    """Each `run` without --session used to leave its session (and say so only when
+    there were files): it is closed after the run, --save included; --keep keeps it
+    and prints its id."""
+    before = session_ids(daemon)
+    for _ in range(3):
+        r = ctl(daemon, "run", stdin="open('f.txt', 'w').write('x'); print('ok')")
+        assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+        assert "closed with the run's session" in r.stderr and "f.txt" in r.stderr, r.stderr
+    r = ctl(daemon, "run", "--save", str(tmp_path / "out"), stdin="open('f.txt', 'w').write('saved')")
+    assert r.returncode == 0 and (tmp_path / "out" / "f.txt").read_text() == "saved", r.stderr
+    r = ctl(daemon, "run", stdin="raise SystemExit(4)")
+    assert r.returncode == 4
+    assert session_ids(daemon) == before
+
+    kept = ctl(daemon, "run", "--keep", stdin="open('k.txt', 'w').write('kept')")
+    assert kept.returncode == 0, kept.stderr
+    line = [l for l in kept.stderr.splitlines() if l.startswith("sandboxctl: session ") and " kept: " in l]
+    assert len(line) == 1 and " kept: run in it with --session " in line[0], kept.stderr
+    sid = line[0].split()[2]
+    assert session_ids(daemon) == sorted(before + [sid])
+    assert ctl(daemon, "files", "get", sid, "k.txt").stdout == "kept"
+    assert ctl(daemon, "sessions", "rm", sid).returncode == 0
+    # --keep is for the session a run makes: with --session it is refused.
+    r = ctl(daemon, "run", "--keep", "--session", "x", stdin="1")
+    assert r.returncode == 2 and "cannot be used with" in r.stderr, r.stderr
+    assert session_ids(daemon) == before
+
+
+def test_save_keeps_holes_streams_and_stays_within_max_bytes(daemon, tmp_path):
+    """Three sparse 300 MiB files (which cost the sandbox nothing) once became 901 MB on
+    the operator's disk at 629 MB of sandboxctl's memory. Saved now: the same bytes,
+    a few blocks on disk, sandboxctl's memory bounded; past --max-bytes nothing is
+    saved, and a download past it leaves no partial file."""
+    sid = ctl(daemon, "sessions", "new").stdout.strip()
+    try:
+        out = tmp_path / "out"
+        code, stdout, stderr, peak_kib = ctl_measured(daemon, "run", "--session", sid, "--save", str(out), "-",
+                                                      stdin=SPARSE)
+        assert code == 0, stderr
+        print(f"sandboxctl peak RSS {peak_kib} KiB")
+        assert peak_kib < 32 * 1024, f"sandboxctl used {peak_kib} KiB"
+        import os
+        for i in range(3):
+            f = out / f"sparse{i}.bin"
+            st = os.stat(f)
+            assert st.st_size == SPARSE_SIZE
+            assert st.st_blocks * 512 <= 64 * 1024, f"{f} takes {st.st_blocks * 512} bytes on disk"
+            with open(f, "rb") as fh:
+                assert fh.read(4) == b"head"
+                fh.seek(SPARSE_SIZE - 4)
+                assert fh.read() == b"tail"
+                fh.seek(123 * 1024 * 1024)
+                assert fh.read(1 << 16) == bytes(1 << 16)
+        assert (out / "small.txt").read_text() == "x"
+        assert sorted(p.name for p in out.iterdir()) == ["small.txt", "sparse0.bin", "sparse1.bin", "sparse2.bin"]
+
+        # The run's files hold 900 MiB: past --max-bytes 500M nothing at all is saved.
+        capped = tmp_path / "capped"
+        code, _, stderr, _ = ctl_measured(daemon, "run", "--session", sid, "--save", str(capped),
+                                          "--max-bytes", "500M", "-", stdin=SPARSE)
+        assert code == 73, stderr
+        assert "more than --max-bytes (524288000); nothing was saved" in stderr, stderr
+        assert not capped.exists() or list(capped.iterdir()) == []
+        # The default (1 GiB) holds them; one file past a smaller cap is refused whole.
+        got = tmp_path / "one.bin"
+        r = ctl(daemon, "files", "get", sid, "sparse1.bin", "-o", str(got), "--max-bytes", "100M")
+        assert r.returncode == 73 and "(--max-bytes); nothing of it was kept" in r.stderr, r.stderr
+        assert list(tmp_path.glob("one.bin*")) == [] and list(tmp_path.glob(".sandboxctl-*")) == []
+        r = ctl(daemon, "files", "get", sid, "sparse1.bin", "--max-bytes", "100M")
+        assert r.returncode == 73 and r.stdout == "", r.stderr
+        code, _, stderr, peak_kib = ctl_measured(daemon, "files", "get", sid, "sparse1.bin", "-o", str(got))
+        assert code == 0 and os.stat(got).st_size == SPARSE_SIZE and os.stat(got).st_blocks * 512 <= 64 * 1024, stderr
+        assert peak_kib < 32 * 1024, f"sandboxctl used {peak_kib} KiB"
+    finally:
+        ctl(daemon, "sessions", "rm", sid)
+
+
+def test_save_never_writes_outside_its_directory(daemon, tmp_path):
+    """Names come from the sandbox: a symlink already in the save directory is never
+    followed (the file is skipped and named, the rest saved, exit 73), a name that is
+    not a plain relative path is skipped, and a symlink at a file's own name is
+    replaced, not written through."""
+    import os
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "victim").write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(elsewhere, out / "sub")
+    os.symlink(elsewhere / "victim", out / "plain.txt")
+    sid = ctl(daemon, "sessions", "new").stdout.strip()
+    try:
+        code = ("import os\nos.makedirs('sub', exist_ok=True)\nopen('sub/victim', 'w').write('pwned')\n"
+                "open('plain.txt', 'w').write('mine')\nopen('back\\\\..\\\\slash', 'w').write('b')\n")
+        r = ctl(daemon, "run", "--session", sid, "--save", str(out), "-", stdin=code)
+        assert r.returncode == 73, r.stderr
+        assert "sub/victim: a directory on its way is a symlink in the save directory: not followed: not saved" \
+            in r.stderr, r.stderr
+        assert "backslashes are not allowed" in r.stderr and "2 of the run's 3 files were not saved" in r.stderr, r.stderr
+        assert (elsewhere / "victim").read_text() == "keep"
+        assert os.path.islink(out / "sub") and not os.path.islink(out / "plain.txt")
+        assert (out / "plain.txt").read_text() == "mine"
+        assert sorted(os.listdir(out)) == ["plain.txt", "sub"] and os.listdir(elsewhere) == ["victim"]
+    finally:
+        ctl(daemon, "sessions", "rm", sid)

@@ -43,14 +43,14 @@ impl Client {
         Client { socket, url: url.map(|u| u.trim_end_matches('/').to_string()), token }
     }
 
-    async fn send(
+    /// Send a request and return the answer with its body still to read.
+    async fn open(
         &self,
         method: &str,
         path: &str,
         body: Vec<u8>,
         content_type: &str,
-        limit: usize,
-    ) -> Result<(u16, Bytes), ClientError> {
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let (host, mut sender) = match &self.url {
             Some(url) => {
                 let authority = url
@@ -78,7 +78,18 @@ impl Client {
             req = req.header("authorization", format!("Bearer {t}"));
         }
         let req = req.body(Full::new(Bytes::from(body))).map_err(|e| ClientError::Http(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| ClientError::Http(e.to_string()))?;
+        sender.send_request(req).await.map_err(|e| ClientError::Http(e.to_string()))
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+        limit: usize,
+    ) -> Result<(u16, Bytes), ClientError> {
+        let resp = self.open(method, path, body, content_type).await?;
         let status = resp.status().as_u16();
         // A body is read only up to `limit`: what a sandbox wrote may be any size.
         let declared = resp.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
@@ -91,12 +102,7 @@ impl Client {
             Err(e) => return Err(ClientError::Http(e.to_string())),
         };
         if status >= 400 {
-            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-            return Err(ClientError::Api {
-                status,
-                code: v["error"]["code"].as_str().unwrap_or("http_error").to_string(),
-                message: v["error"]["message"].as_str().map(str::to_string).unwrap_or_else(|| format!("HTTP {status}")),
-            });
+            return Err(api_error(status, &bytes));
         }
         Ok((status, bytes))
     }
@@ -185,9 +191,20 @@ impl Client {
         Ok(self.send("GET", &file_path(id, path), vec![], "application/octet-stream", limit).await?.1)
     }
 
-    /// A file's bytes, whatever its size.
-    pub async fn download(&self, id: &str, path: &str) -> Result<Bytes, ClientError> {
-        self.read_file(id, path, usize::MAX).await
+    /// Start downloading a file: its declared size, and its bytes as they come
+    /// ([`Download::chunk`]), so that no file is ever held whole in memory.
+    pub async fn download(&self, id: &str, path: &str) -> Result<Download, ClientError> {
+        let resp = self.open("GET", &file_path(id, path), vec![], "application/octet-stream").await?;
+        let status = resp.status().as_u16();
+        if status >= 400 {
+            let bytes = match http_body_util::Limited::new(resp.into_body(), MAX_ERROR).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => Bytes::new(),
+            };
+            return Err(api_error(status, &bytes));
+        }
+        let size = resp.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+        Ok(Download { size, body: resp.into_body() })
     }
 
     /// `GET /v1/health`, as the daemon answers it.
@@ -202,6 +219,39 @@ impl Client {
 }
 
 const NO_BODY: Option<&()> = None;
+
+/// Most bytes read of an error answer's body (its envelope).
+const MAX_ERROR: usize = 64 * 1024;
+
+/// An error answer: its envelope's code and message (or the HTTP status alone).
+fn api_error(status: u16, body: &[u8]) -> ClientError {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    ClientError::Api {
+        status,
+        code: v["error"]["code"].as_str().unwrap_or("http_error").to_string(),
+        message: v["error"]["message"].as_str().map(str::to_string).unwrap_or_else(|| format!("HTTP {status}")),
+    }
+}
+
+/// A file being downloaded ([`Client::download`]).
+pub struct Download {
+    /// What the daemon declared (`Content-Length`); the body may still differ.
+    pub size: Option<u64>,
+    body: hyper::body::Incoming,
+}
+
+impl Download {
+    /// The next part of the file as it arrives, or None at its end.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, ClientError> {
+        while let Some(frame) = self.body.frame().await {
+            let frame = frame.map_err(|e| ClientError::Http(format!("receiving the file: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                return Ok(Some(data));
+            }
+        }
+        Ok(None)
+    }
+}
 
 fn parse<T: DeserializeOwned>(bytes: &[u8], method: &str, path: &str) -> Result<T, ClientError> {
     serde_json::from_slice(bytes).map_err(|e| ClientError::Http(format!("unreadable answer from {method} {path}: {e}")))

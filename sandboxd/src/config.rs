@@ -74,6 +74,15 @@ pub struct Settings {
     /// Most runs one bearer token may have going at once (default: a quarter of max_sessions, rounded up).
     #[arg(long, env = "SANDBOXD_TOKEN_MAX_RUNS")]
     pub token_max_runs: Option<usize>,
+    /// Most MCP protocol sessions (`/mcp`'s Mcp-Session-Id) held at once (about 83 KB each).
+    #[arg(long, env = "SANDBOXD_MCP_MAX_SESSIONS")]
+    pub mcp_max_sessions: Option<usize>,
+    /// Most MCP protocol sessions one bearer token may hold at once (default: half of mcp_max_sessions, rounded up).
+    #[arg(long, env = "SANDBOXD_TOKEN_MCP_MAX_SESSIONS")]
+    pub token_mcp_max_sessions: Option<usize>,
+    /// Seconds an MCP protocol session may go with no request (none in flight) before it is closed.
+    #[arg(long, env = "SANDBOXD_MCP_SESSION_IDLE_S")]
+    pub mcp_session_idle_s: Option<u64>,
     /// Most open connections per listener; more are closed at once.
     #[arg(long, env = "SANDBOXD_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -138,6 +147,9 @@ pub struct Config {
     pub max_sessions: usize,
     pub token_max_sessions: usize,
     pub token_max_runs: usize,
+    pub mcp_max_sessions: usize,
+    pub token_mcp_max_sessions: usize,
+    pub mcp_session_idle_s: u64,
     pub max_connections: usize,
     pub header_timeout_s: u64,
     pub body_timeout_s: u64,
@@ -191,6 +203,9 @@ impl Config {
             max_sessions,
             token_max_sessions,
             token_max_runs,
+            mcp_max_sessions,
+            token_mcp_max_sessions,
+            mcp_session_idle_s,
             max_connections,
             header_timeout_s,
             body_timeout_s,
@@ -247,6 +262,30 @@ impl Config {
         };
         let token_max_sessions = per_token("token_max_sessions", s.token_max_sessions, max_sessions.div_ceil(2))?;
         let token_max_runs = per_token("token_max_runs", s.token_max_runs, max_sessions.div_ceil(4))?;
+        let mcp_max_sessions = s.mcp_max_sessions.unwrap_or(256);
+        if !(1..=10_000).contains(&mcp_max_sessions) {
+            return Err(Error::Invalid {
+                key: "mcp_max_sessions",
+                reason: format!("{mcp_max_sessions}; allowed: 1 to 10000"),
+            });
+        }
+        let token_mcp_max_sessions = match s.token_mcp_max_sessions {
+            None => mcp_max_sessions.div_ceil(2),
+            Some(n) if (1..=mcp_max_sessions).contains(&n) => n,
+            Some(n) => {
+                return Err(Error::Invalid {
+                    key: "token_mcp_max_sessions",
+                    reason: format!("{n}; allowed: 1 to mcp_max_sessions ({mcp_max_sessions})"),
+                })
+            }
+        };
+        let mcp_session_idle_s = s.mcp_session_idle_s.unwrap_or(300);
+        if !(1..=86_400).contains(&mcp_session_idle_s) {
+            return Err(Error::Invalid {
+                key: "mcp_session_idle_s",
+                reason: format!("{mcp_session_idle_s}; allowed: 1 to 86400 seconds"),
+            });
+        }
         let max_connections = s.max_connections.unwrap_or(256);
         if !(1..=65_536).contains(&max_connections) {
             return Err(Error::Invalid {
@@ -292,6 +331,9 @@ impl Config {
             max_sessions,
             token_max_sessions,
             token_max_runs,
+            mcp_max_sessions,
+            token_mcp_max_sessions,
+            mcp_session_idle_s,
             max_connections,
             header_timeout_s,
             body_timeout_s,
@@ -347,6 +389,30 @@ mod tests {
         assert!(Config::from_settings(s).unwrap_err().to_string().contains("`header_timeout_s`"));
         let s = Settings { max_connections: Some(0), ..Default::default() };
         assert!(Config::from_settings(s).unwrap_err().to_string().contains("`max_connections`"));
+    }
+
+    #[test]
+    fn mcp_session_limits_default_and_are_checked() {
+        let c = Config::from_settings(Settings::default()).unwrap();
+        assert_eq!((c.mcp_max_sessions, c.token_mcp_max_sessions, c.mcp_session_idle_s), (256, 128, 300));
+        let s = Settings { mcp_max_sessions: Some(5), ..Default::default() };
+        assert_eq!(Config::from_settings(s).unwrap().token_mcp_max_sessions, 3);
+        for bad in [
+            Settings { mcp_max_sessions: Some(0), ..Default::default() },
+            Settings { mcp_max_sessions: Some(10_001), ..Default::default() },
+        ] {
+            assert!(Config::from_settings(bad).unwrap_err().to_string().contains("`mcp_max_sessions`"));
+        }
+        let s = Settings { mcp_max_sessions: Some(5), token_mcp_max_sessions: Some(6), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`token_mcp_max_sessions`"));
+        let s = Settings { token_mcp_max_sessions: Some(0), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`token_mcp_max_sessions`"));
+        let s = Settings { mcp_session_idle_s: Some(0), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`mcp_session_idle_s`"));
+        let file = "mcp_max_sessions = 9\ntoken_mcp_max_sessions = 2\nmcp_session_idle_s = 60\n";
+        let parsed: Settings = toml::from_str(file).unwrap();
+        let c = Config::from_settings(parsed).unwrap();
+        assert_eq!((c.mcp_max_sessions, c.token_mcp_max_sessions, c.mcp_session_idle_s), (9, 2, 60));
     }
 
     #[test]

@@ -150,6 +150,11 @@ async fn serve_with(
         rootfs_sha256: rootfs.sha256.clone(),
         landlock_abi: abi,
         shutdown: tokio_util::sync::CancellationToken::new(),
+        mcp_sessions: api::mcp::SessionLimits {
+            max: config.mcp_max_sessions,
+            per_token: config.token_mcp_max_sessions,
+            idle: Duration::from_secs(config.mcp_session_idle_s),
+        },
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -11,6 +11,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod download;
 pub mod health;
 pub mod isolate;
 pub mod kernel;

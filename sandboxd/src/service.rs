@@ -123,6 +123,9 @@ pub struct PolicyLimits {
     pub memory_mb: u64,
     pub cpus: f64,
     pub output_kb: u64,
+    /// Most code a run may send (KiB): MCP checks a run against it before it makes
+    /// a session for the run.
+    pub code_kb: u64,
     pub upload_mb: u64,
     pub mcp_inline_mb: u64,
 }
@@ -135,6 +138,7 @@ impl From<&Policy> for PolicyLimits {
             memory_mb: p.memory_mb,
             cpus: p.cpus,
             output_kb: p.output_kb,
+            code_kb: p.code_kb,
             upload_mb: p.upload_mb,
             mcp_inline_mb: p.mcp_inline_mb,
         }

@@ -50,6 +50,8 @@ pub struct AppState {
     pub landlock_abi: i32,
     /// Cancelled at shutdown: ends MCP event streams, which would hold it up.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// How many MCP protocol sessions `/mcp` holds, and for how long.
+    pub mcp_sessions: mcp::SessionLimits,
 }
 
 pub type Shared = Arc<AppState>;
@@ -61,21 +63,27 @@ pub fn token_hash(token: &str) -> String {
 }
 
 /// MCP over streamable HTTP: the tools call the service in-process, as the caller
-/// the [`auth`] layer found for each request.
+/// the [`auth`] layer found for each request. Protocol sessions are held within
+/// `state.mcp_sessions` and bound to the token that made them ([`mcp::protocol`]).
 fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::MethodRouter<Shared> {
-    use rmcp::transport::streamable_http_server::{session::local::LocalSessionManager, StreamableHttpService};
+    use rmcp::transport::streamable_http_server::StreamableHttpService;
     let backend = mcp::Backend::Local(state.service.clone());
     let limits = state.service.policy(None).map(|p| crate::service::PolicyLimits::from(&*p)).ok();
     let mut config = rmcp::transport::StreamableHttpServerConfig::default();
     config.cancellation_token = state.shutdown.child_token();
     // The surface guard checked Host and Origin already; rmcp checks the names again.
     config = config.with_allowed_hosts(surface.host_names());
+    let sessions = mcp::protocol::Registry::new(state.mcp_sessions);
+    let manager = mcp::protocol::Bound::new(sessions.clone());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(mcp::protocol::reap(sessions.clone(), manager.sessions(), state.shutdown.child_token()));
+    }
     let service = StreamableHttpService::new(
         move || Ok(mcp::SandboxMcp::new(backend.clone(), limits.as_ref())),
-        LocalSessionManager::default().into(),
+        manager.into(),
         config,
     );
-    axum::routing::any_service(service)
+    axum::routing::any_service(service).layer(axum::middleware::from_fn_with_state(sessions, mcp::protocol::guard))
 }
 
 /// The router for one listener (the surface says which, and what it accepts).

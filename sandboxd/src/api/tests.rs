@@ -312,6 +312,7 @@ fn state(memory: Arc<Memory>, tokens: &[&str]) -> Arc<AppState> {
         rootfs_sha256: "abc".into(),
         landlock_abi: 6,
         shutdown: tokio_util::sync::CancellationToken::new(),
+        mcp_sessions: super::mcp::SessionLimits { max: 4, per_token: 2, idle: Duration::from_secs(300) },
     })
 }
 

@@ -3,6 +3,7 @@
 
 use clap::{CommandFactory, Parser, Subcommand};
 use sandboxd::client::{Client, ClientError};
+use sandboxd::download::{self, parse_size, printable, Budget, SaveDir};
 use sandboxd::run::{Language, RunRequest, RunResult, Status};
 use sandboxd::service::CreateSession;
 use sandboxd::session::Mode;
@@ -29,13 +30,22 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run Python (or, with --shell, a shell command) from FILE, or stdin with `-`.
-    /// Prints the program's output as it would and exits with its exit code.
+    /// Prints the program's output as it would and exits with its exit code (73
+    /// when --save could not save the run's files).
+    ///
+    /// Without --session the run gets a session of its own, which is closed once
+    /// the run is over and --save has downloaded its files: nothing is left on the
+    /// daemon. --keep keeps that session and prints its id on stderr.
     Run {
         /// File with the code; `-` or nothing reads stdin.
         file: Option<PathBuf>,
         /// Run in this session (files persist across its runs).
         #[arg(long)]
         session: Option<String>,
+        /// Keep the session made for this run (without --session) instead of
+        /// closing it; its id is printed on stderr.
+        #[arg(long, conflicts_with = "session")]
+        keep: bool,
         /// Wall-clock limit in seconds.
         #[arg(long)]
         timeout: Option<f64>,
@@ -48,9 +58,15 @@ enum Command {
         /// Print the whole run result as JSON instead.
         #[arg(long)]
         json: bool,
-        /// Download the run's artifacts into this directory.
+        /// Download the run's artifacts into this directory (made if missing). Files
+        /// keep their holes (a sparse file stays sparse); names are kept below the
+        /// directory, never through a symlink in it.
         #[arg(long)]
         save: Option<PathBuf>,
+        /// Most bytes --save writes in all (file lengths; K, M, G suffixes): past
+        /// it, nothing more is saved and the file being written is removed.
+        #[arg(long, value_parser = parse_size, default_value = "1G")]
+        max_bytes: u64,
         /// Do not save open matplotlib figures.
         #[arg(long)]
         no_figures: bool,
@@ -117,12 +133,16 @@ enum SessionsCommand {
 enum FilesCommand {
     /// List a session's files.
     Ls { session: String },
-    /// Download a file (to stdout, or to --output).
+    /// Download a file (to stdout, or to --output, which keeps its holes and is
+    /// written whole or not at all). Exits 73 when it could not be written.
     Get {
         session: String,
         path: String,
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Most bytes written (K, M, G suffixes); a larger file is refused.
+        #[arg(long, value_parser = parse_size, default_value = "1G")]
+        max_bytes: u64,
     },
     /// Upload a local file (or stdin with `-`) to PATH in the session.
     Put {
@@ -188,9 +208,11 @@ fn read_input(file: Option<&PathBuf>) -> Result<Vec<u8>, ClientError> {
 
 async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientError> {
     match command {
-        Command::Run { file, session, timeout, policy, shell, json, save, no_figures } => {
+        Command::Run { file, session, keep, timeout, policy, shell, json, save, max_bytes, no_figures } => {
             let code = String::from_utf8(read_input(file.as_ref())?)
                 .map_err(|_| ClientError::Local("the code is not UTF-8 text".into()))?;
+            // Without --session the daemon makes a session for this run alone.
+            let made = session.is_none();
             let req = RunRequest {
                 code,
                 session_id: session,
@@ -200,34 +222,28 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                 autosave_figures: no_figures.then_some(false),
             };
             let result = client.run(&req).await?;
-            if let Some(dir) = &save {
-                save_artifacts(client, &result, dir).await?;
-            }
+            let saved = match &save {
+                Some(dir) => save_artifacts(client, &result, dir, max_bytes).await,
+                None => Ok(()),
+            };
             if json {
                 print_json(&result);
             } else {
-                let _ = std::io::stdout().write_all(result.stdout.as_bytes());
-                let _ = std::io::stderr().write_all(result.stderr.as_bytes());
-                for (truncated, name) in [(result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")] {
-                    if truncated {
-                        eprintln!("sandboxctl: {name} was truncated at the policy's output limit");
-                    }
+                print_result(&result, save.as_deref(), made && !keep);
+            }
+            if made && !keep {
+                if let Err(e) = client.close_session(&result.session_id).await {
+                    eprintln!("sandboxctl: could not close the run's session {}: {e}", result.session_id);
                 }
-                match result.status {
-                    Status::Timeout => eprintln!("sandboxctl: the run hit its time limit"),
-                    Status::Oom => eprintln!("sandboxctl: the run ran out of memory"),
-                    Status::Killed => eprintln!(
-                        "sandboxctl: the run was killed by {}",
-                        result.signal.as_deref().unwrap_or("a signal")
-                    ),
-                    Status::Ok | Status::Error => {}
-                }
-                if !result.artifacts.is_empty() {
-                    eprintln!("sandboxctl: session {} artifacts:", result.session_id);
-                    for a in &result.artifacts {
-                        eprintln!("  {} ({} bytes)", printable(&a.path), a.size_bytes);
-                    }
-                }
+            } else if made {
+                eprintln!(
+                    "sandboxctl: session {id} kept: run in it with --session {id}; close it with `sandboxctl sessions rm {id}`",
+                    id = result.session_id
+                );
+            }
+            if let Err(e) = saved {
+                eprintln!("sandboxctl: --save: {e}");
+                return Ok(ExitCode::from(73));
             }
             Ok(exit_code(&result))
         }
@@ -283,13 +299,31 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                         println!("{}\t{}\t{}", f.size_bytes, f.mime_type, printable(&f.path));
                     }
                 }
-                FilesCommand::Get { session, path, output } => {
-                    let bytes = client.download(&session, &path).await?;
-                    match output {
-                        Some(p) => std::fs::write(&p, &bytes)
-                            .map_err(|e| ClientError::Local(format!("writing {}: {e}", p.display())))?,
+                FilesCommand::Get { session, path, output, max_bytes } => {
+                    let mut budget = Budget::new(max_bytes);
+                    let mut download = client.download(&session, &path).await?;
+                    let written = match output {
+                        // A device or pipe named by the operator is written as it is.
+                        Some(p) if std::fs::metadata(&p).is_ok_and(|m| !m.is_file() && !m.is_dir()) => {
+                            match std::fs::OpenOptions::new().write(true).open(&p) {
+                                Ok(mut f) => download::stream(&mut download, &mut f, &mut budget, &path).await,
+                                Err(e) => Err(download::Error::Io(p.display().to_string(), e)),
+                            }
+                        }
+                        Some(p) => match download::create_at(&p) {
+                            Ok(into) => download::save(&mut download, into, &mut budget, &path).await,
+                            Err(e) => Err(e),
+                        },
                         None => {
-                            let _ = std::io::stdout().write_all(&bytes);
+                            download::stream(&mut download, &mut std::io::stdout().lock(), &mut budget, &path).await
+                        }
+                    };
+                    match written {
+                        Ok(_) => {}
+                        Err(download::Error::Client(e)) => return Err(e),
+                        Err(e) => {
+                            eprintln!("sandboxctl: {e}");
+                            return Ok(ExitCode::from(73));
                         }
                     }
                 }
@@ -344,29 +378,70 @@ fn exit_code(result: &RunResult) -> ExitCode {
     ExitCode::from((128 + sig).min(255) as u8)
 }
 
-async fn save_artifacts(client: &Client, result: &RunResult, dir: &std::path::Path) -> Result<(), ClientError> {
-    for a in &result.artifacts {
-        let rel = sandboxd::workspace::validate(&a.path).map_err(|e| ClientError::Local(e.to_string()))?;
-        let bytes = client.download(&result.session_id, &a.path).await?;
-        let target = dir.join(rel);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| ClientError::Local(format!("creating {}: {e}", parent.display())))?;
+/// The run's output, as the program would have printed it, and what became of it.
+/// `gone`: the run's session is closed after this (made for it, not kept).
+fn print_result(result: &RunResult, saved_in: Option<&std::path::Path>, gone: bool) {
+    let _ = std::io::stdout().write_all(result.stdout.as_bytes());
+    let _ = std::io::stderr().write_all(result.stderr.as_bytes());
+    for (truncated, name) in [(result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")] {
+        if truncated {
+            eprintln!("sandboxctl: {name} was truncated at the policy's output limit");
         }
-        std::fs::write(&target, &bytes)
-            .map_err(|e| ClientError::Local(format!("writing {}: {e}", target.display())))?;
     }
-    Ok(())
+    match result.status {
+        Status::Timeout => eprintln!("sandboxctl: the run hit its time limit"),
+        Status::Oom => eprintln!("sandboxctl: the run ran out of memory"),
+        Status::Killed => {
+            eprintln!("sandboxctl: the run was killed by {}", result.signal.as_deref().unwrap_or("a signal"))
+        }
+        Status::Ok | Status::Error => {}
+    }
+    if !result.artifacts.is_empty() {
+        match (saved_in, gone) {
+            (Some(dir), _) => eprintln!("sandboxctl: artifacts, saved in {}:", dir.display()),
+            (None, true) => eprintln!(
+                "sandboxctl: artifacts (closed with the run's session: pass --save DIR to download them, or --keep to keep the session):"
+            ),
+            (None, false) => eprintln!("sandboxctl: session {} artifacts:", result.session_id),
+        }
+        for a in &result.artifacts {
+            eprintln!("  {} ({} bytes)", printable(&a.path), a.size_bytes);
+        }
+    }
 }
 
-/// A name sandboxed code chose, for a terminal: control characters (escape
-/// sequences, newlines) are shown escaped, never sent to the terminal as they are.
-fn printable(name: &str) -> std::borrow::Cow<'_, str> {
-    if name.chars().any(char::is_control) {
-        std::borrow::Cow::Owned(
-            name.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect(),
-        )
-    } else {
-        std::borrow::Cow::Borrowed(name)
+/// Download the run's artifacts into `dir`, at most `max_bytes` in all: a run
+/// whose files are larger saves none; a file that grew past it is not kept. A
+/// file whose name cannot be saved below `dir` (not a plain relative path, or
+/// through a symlink there) is skipped, said so, and counted in the error.
+async fn save_artifacts(
+    client: &Client,
+    result: &RunResult,
+    dir: &std::path::Path,
+    max_bytes: u64,
+) -> Result<(), download::Error> {
+    let mut budget = Budget::new(max_bytes);
+    let total = result.artifacts.iter().map(|a| a.size_bytes).fold(0u64, u64::saturating_add);
+    if !budget.fits(total) {
+        return Err(download::Error::RunOverBudget { count: result.artifacts.len(), total, limit: max_bytes });
+    }
+    let root = SaveDir::open(dir)?;
+    let mut skipped = 0;
+    for a in &result.artifacts {
+        let into = match root.create(&a.path) {
+            Ok(into) => into,
+            Err(e @ download::Error::Name { .. }) => {
+                eprintln!("sandboxctl: --save: {e}: not saved");
+                skipped += 1;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut download = client.download(&result.session_id, &a.path).await?;
+        download::save(&mut download, into, &mut budget, &printable(&a.path)).await?;
+    }
+    match skipped {
+        0 => Ok(()),
+        n => Err(download::Error::NotSaved { count: n, of: result.artifacts.len() }),
     }
 }

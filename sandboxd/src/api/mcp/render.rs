@@ -1,0 +1,195 @@
+//! What a model reads: a run's result as text, the tools' descriptions (with the
+//! default policy's limits) and their argument schemas.
+
+use crate::run::{ArtifactKind, RunResult, Status};
+use crate::service::PolicyLimits;
+use crate::session::SessionInfo;
+
+/// The tools' descriptions, with the limits of `default` (the daemon's default
+/// policy) when known.
+pub(super) fn descriptions(default: Option<&PolicyLimits>) -> [(&'static str, String); 5] {
+    let run_limits = match default {
+        Some(p) => format!(
+            "Limits per run (policy {:?}, the default): {} s, {} MiB memory, {} CPU, {} KiB of output per stream.",
+            p.name, p.timeout_s, p.memory_mb, p.cpus, p.output_kb
+        ),
+        None => "Limits per run: the session policy's (time, memory, CPU, output per stream).".to_string(),
+    };
+    let upload = match default {
+        Some(p) => format!("Up to {} MiB by default.", p.upload_mb),
+        None => "Up to the session policy's upload limit.".to_string(),
+    };
+    let inline = match default {
+        Some(p) => format!("the policy's inline limit ({} MiB by default)", p.mcp_inline_mb),
+        None => "the policy's inline limit".to_string(),
+    };
+    [
+        (
+            "run_python",
+            format!("Run Python 3.11 code in a fresh, isolated Linux sandbox (no network) and return its status, exit code, stdout, stderr and the files it created or changed. The working directory is the session's workspace: files persist between runs of the same session (pass session_id; omit it to start a new session, whose id is returned). numpy, pandas, scipy, scikit-learn, matplotlib, seaborn, pillow, openpyxl, pyarrow and reportlab are installed. Open matplotlib figures are saved automatically and returned as images; plt.show() saves instead of blocking. {run_limits}"),
+        ),
+        (
+            "run_shell",
+            format!("Run a bash command in the same kind of isolated sandbox as run_python (no network), in the session's workspace, and return status, exit code, stdout, stderr and changed files. Useful for ls, head, wc, or running a script written by run_python. {run_limits}"),
+        ),
+        (
+            "create_session",
+            "Create a session: a workspace whose files persist across runs until it is closed or idle for longer than its ttl_s (returned). Returns the session_id to pass to the other tools.".to_string(),
+        ),
+        (
+            "upload_file",
+            format!("Upload a file (base64) into a session's workspace so code can read it by its relative path. Omit session_id to start a new session. {upload}"),
+        ),
+        (
+            "read_file",
+            format!("Read a file from a session's workspace: text files as text, PNG/JPEG images as images, other files as base64. Files larger than {inline} are refused; use their download URL instead."),
+        ),
+    ]
+}
+
+/// Declare each optional argument as its plain type with its default, never as
+/// "X or null": clients that build arguments from the schema (the MCP Inspector)
+/// send a value of a union type as a string, which the tool then refuses.
+/// Defaults: `timeout_s` 0 (the session policy's limit), `overwrite` false.
+pub(super) fn plain_schema(schema: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::Value;
+    let Some(Value::Object(props)) = schema.get_mut("properties") else { return };
+    for (name, prop) in props.iter_mut() {
+        let Value::Object(prop) = prop else { continue };
+        if let Some(Value::Array(types)) = prop.get("type") {
+            let kept: Vec<Value> = types.iter().filter(|t| t.as_str() != Some("null")).cloned().collect();
+            if let [one] = kept.as_slice() {
+                prop.insert("type".into(), one.clone());
+            }
+        }
+        if let Some(Value::Array(any)) = prop.get("anyOf") {
+            let kept: Vec<Value> =
+                any.iter().filter(|a| a.get("type").and_then(Value::as_str) != Some("null")).cloned().collect();
+            if let [Value::Object(one)] = kept.as_slice() {
+                let one = one.clone();
+                prop.remove("anyOf");
+                for (k, v) in one {
+                    prop.entry(k).or_insert(v);
+                }
+            }
+        }
+        match name.as_str() {
+            "timeout_s" => {
+                prop.insert("default".into(), Value::from(0));
+                prop.insert("minimum".into(), Value::from(0));
+            }
+            "overwrite" => {
+                prop.insert("default".into(), Value::from(false));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Ok => "ok",
+        Status::Error => "error",
+        Status::Timeout => "timeout",
+        Status::Oom => "oom",
+        Status::Killed => "killed",
+    }
+}
+
+/// The run result as text a model reads well.
+pub fn describe_run(r: &RunResult) -> String {
+    let mut s = format!(
+        "status: {}{}\nsession_id: {}\nduration_ms: {}\n",
+        status_name(r.status),
+        match (r.exit_code, &r.signal) {
+            (Some(c), _) => format!(" (exit code {c})"),
+            (None, Some(sig)) => format!(" (signal {sig})"),
+            _ => String::new(),
+        },
+        r.session_id,
+        r.duration_ms,
+    );
+    match r.status {
+        Status::Timeout => {
+            s.push_str("note: the run hit its time limit; shorten the work or pass a larger timeout_s\n")
+        }
+        Status::Oom => s.push_str("note: the run ran out of memory; use less data at once\n"),
+        _ => {}
+    }
+    for (name, text, truncated) in
+        [("stdout", &r.stdout, r.stdout_truncated), ("stderr", &r.stderr, r.stderr_truncated)]
+    {
+        if !text.is_empty() {
+            s.push_str(&format!("--- {name}{} ---\n{text}", if truncated { " (truncated)" } else { "" }));
+            if !text.ends_with('\n') {
+                s.push('\n');
+            }
+        }
+    }
+    let kernel = r.kernel.as_ref();
+    if let Some(text) = kernel.and_then(|k| k.result.as_ref()).and_then(|v| v["text/plain"].as_str()) {
+        s.push_str(&format!("--- result ---\n{text}\n"));
+    }
+    if kernel.is_some_and(|k| k.kernel_restarted) {
+        s.push_str("note: the kernel was restarted: variables from earlier runs are gone\n");
+    }
+    if !r.artifacts.is_empty() {
+        s.push_str("--- files created or changed (in the session's working directory) ---\n");
+        for a in &r.artifacts {
+            s.push_str(&format!(
+                "{} ({}, {} bytes{}) {}\n",
+                a.path,
+                a.mime_type,
+                a.size_bytes,
+                if a.kind == ArtifactKind::Figure { ", figure" } else { "" },
+                a.url
+            ));
+        }
+        if r.artifacts_truncated {
+            s.push_str("(more files changed than listed; see list_files)\n");
+        }
+    }
+    s
+}
+
+/// The line a result adds when its call made the session it used and keeps it: the
+/// model learns the id, and that the session holds resources until it is closed.
+pub(super) fn made_note(s: &SessionInfo) -> String {
+    format!(
+        "note: this call made session {id} (policy {policy}); pass session_id {id} to use its files again; \
+         close it with close_session when done (it closes itself after {ttl} s unused)\n",
+        id = s.id,
+        policy = s.policy,
+        ttl = s.ttl_s
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describes_a_run_for_a_model() {
+        let r: RunResult = serde_json::from_value(serde_json::json!({"run_id": "r", "status": "error", "exit_code": 1, "signal": null, "session_id": "s1", "duration_ms": 5,
+            "stdout": "hi", "stderr": "boom\n", "stdout_truncated": false, "stderr_truncated": true,
+            "artifacts": [{"path": "a.png", "mime_type": "image/png", "size_bytes": 3, "kind": "figure", "url": "http://x/a.png"}],
+            "artifacts_truncated": false}))
+        .unwrap();
+        assert!(r.kernel.is_none());
+        let text = describe_run(&r);
+        assert!(text.starts_with("status: error (exit code 1)\nsession_id: s1\n"), "{text}");
+        assert!(text.contains("--- stdout ---\nhi\n--- stderr (truncated) ---\nboom\n"), "{text}");
+        assert!(text.contains("a.png (image/png, 3 bytes, figure) http://x/a.png"), "{text}");
+    }
+
+    #[test]
+    fn a_made_session_is_named_with_what_to_do() {
+        let info: SessionInfo =
+            serde_json::from_value(serde_json::json!({"id": "s9", "mode": "script", "policy": "default",
+            "created_at": "t", "last_used_at": "t", "ttl_s": 1800, "busy": false}))
+            .unwrap();
+        let note = made_note(&info);
+        assert!(note.starts_with("note: this call made session s9 (policy default); pass session_id s9"), "{note}");
+        assert!(note.contains("close_session") && note.contains("1800 s") && note.ends_with('\n'), "{note}");
+    }
+}
