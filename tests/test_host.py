@@ -12,7 +12,7 @@ import pytest
 from harness import BIN, CTL, REPO, TARBALL, scratch_dir
 
 ITEMS = ["kernel", "Landlock", "seccomp", "user namespaces", "AppArmor userns restriction", "cgroups",
-         "loop devices", "free space", "rootfs"]
+         "loop devices", "free space", "rootfs", "uid range", "open files"]
 BUILD = REPO / "rootfs" / "build.sh"
 
 

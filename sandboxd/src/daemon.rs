@@ -64,18 +64,22 @@ pub fn run(config: Config) -> Result<(), Error> {
     }
     // The host's requirements, all at once, before anything is made: a host that
     // cannot run sandboxes is refused here, naming what to fix.
-    let report = crate::check::Facts::gather(&config.state_dir, &config.rootfs_tarball).report();
+    let report = crate::check::Facts::gather(&crate::check::Inputs::of(&config)).report();
     for item in report.items.iter().filter(|i| i.status == crate::check::Status::Warn) {
         tracing::warn!(item = %item.name, found = %item.found, fix = %item.fix, "host check");
     }
     report.require()?;
-    crate::check::remember(&config.state_dir, &config.rootfs_tarball);
+    crate::check::remember(crate::check::Inputs::of(&config));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Error::Runtime)?;
     runtime.block_on(serve(config))
 }
 
-async fn serve(config: Config) -> Result<(), Error> {
+async fn serve(mut config: Config) -> Result<(), Error> {
     std::fs::create_dir_all(&config.state_dir).map_err(|e| Error::State(config.state_dir.clone(), e))?;
+    // Its real path, once: mounts below it are found again by that path (in
+    // mountinfo), at shutdown and at the next start.
+    config.state_dir =
+        std::fs::canonicalize(&config.state_dir).map_err(|e| Error::State(config.state_dir.clone(), e))?;
     let policies = policy::load_dir(&config.policies_dir)?;
     tracing::info!(dir = %config.policies_dir.display(), names = ?policies.keys().collect::<Vec<_>>(), "policies loaded");
 
@@ -126,13 +130,15 @@ async fn serve_with(
     let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
     sandboxes.prewarm();
     let library = if config.pool_size > 0 { pool_library() } else { None };
+    // The pool's uids: above every session's, a recovered one's included.
+    let uids = crate::uids::Ranges::new(config.uid_base, config.max_sessions, sessions.highest_uid());
     let pool = Pool::new(
         sandboxes.clone(),
         library,
         rootfs.path.clone(),
         sessions.policies().map(|p| (p.name.clone(), p.clone())).collect(),
         config.pool_size,
-        config.uid_base.saturating_add(config.max_sessions as u32),
+        uids.pool,
     );
     let sessions = Arc::new(sessions);
     let ctx = Context {

@@ -30,4 +30,5 @@ pub mod run;
 pub mod service;
 pub mod session;
 pub mod storage;
+pub mod uids;
 pub mod workspace;

@@ -25,7 +25,7 @@ fn main() {
         }
     };
     if let Some(config::Command::Check) = command {
-        let report = check::Facts::gather(&config.state_dir, &config.rootfs_tarball).report();
+        let report = check::Facts::gather(&check::Inputs::of(&config)).report();
         print!("{}", report.render());
         std::process::exit(if report.ok { 0 } else { 1 });
     }

@@ -58,8 +58,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 const WAIT_FOR_TEMPLATE: Duration = Duration::from_millis(100);
 /// A run this young in a template counts as "back soon": most runs are short.
 const SHORT_RUN: Duration = Duration::from_millis(50);
-/// How many host uids pooled sandboxes cycle through, above the sessions' range.
-const UID_SPAN: u32 = 256;
 
 /// Counters and sizes, for `GET /v1/health`.
 #[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
@@ -99,6 +97,7 @@ struct State {
     failures: u64,
     /// Per policy, why its last template failed to start (cleared by one that starts).
     start_errors: BTreeMap<String, String>,
+    /// Where the next template's uid is looked for ([`crate::uids::Leases::take`]).
     next_uid: u32,
     stopped: bool,
     /// Templates given back after the pool stopped: [`Pool::shutdown`] destroys them.
@@ -123,9 +122,11 @@ pub struct Pool {
     rootfs: PathBuf,
     policies: BTreeMap<String, Arc<Policy>>,
     size: usize,
-    /// Templates (and their forks) run as `uid_base + n` (n < UID_SPAN), not a
-    /// session's uid: the workspace is attached through an idmapped mount.
-    uid_base: u32,
+    /// Templates (and their forks) run as a uid of this range, not a session's
+    /// (the workspace is attached through an idmapped mount), each its own while it
+    /// lives ([`crate::uids::Lease`]).
+    uids: std::ops::Range<u32>,
+    leases: crate::uids::Leases,
     state: Mutex<State>,
     /// Wakes the refill task.
     wake: Notify,
@@ -138,15 +139,15 @@ pub struct Pool {
 
 impl Pool {
     /// A pool of `size` templates per policy in use; it keeps the default policy's
-    /// from the start. `uid_base` is the first host uid above the sessions' range.
-    /// Without `library` there is no pool.
+    /// from the start. `uids` is the pool's range, above every session's
+    /// ([`crate::uids::Ranges`]). Without `library` there is no pool.
     pub fn new(
         sandboxes: Arc<Sandboxes>,
         library: Option<std::fs::File>,
         rootfs: PathBuf,
         policies: BTreeMap<String, Arc<Policy>>,
         size: usize,
-        uid_base: u32,
+        uids: std::ops::Range<u32>,
     ) -> Arc<Pool> {
         let size = if library.is_some() { size } else { 0 };
         let state = State { wanted: vec!["default".into()], ..State::default() };
@@ -156,7 +157,8 @@ impl Pool {
             rootfs,
             policies,
             size,
-            uid_base,
+            uids,
+            leases: crate::uids::Leases::default(),
             state: Mutex::new(state),
             wake: Notify::new(),
             returned: Notify::new(),
@@ -401,8 +403,9 @@ impl Pool {
         }
     }
 
-    /// The policy that is short of templates, if any, and a uid for the next one.
-    fn next_job(&self) -> Option<(Arc<Policy>, u32)> {
+    /// The policy that is short of templates, if any, and a uid for the next one
+    /// (none while every uid of the pool is a live template's).
+    fn next_job(&self) -> Option<(Arc<Policy>, crate::uids::Lease)> {
         let mut st = self.lock();
         if st.stopped {
             return None;
@@ -410,9 +413,9 @@ impl Pool {
         let count = |w: &String| st.ready.get(w).map_or(0, VecDeque::len) + st.busy.get(w).copied().unwrap_or(0);
         let short = st.wanted.iter().find(|w| count(w) < self.size)?.clone();
         let policy = self.policies.get(&short)?.clone();
-        let uid = self.uid_base + st.next_uid % UID_SPAN;
+        let lease = self.leases.take(self.uids.clone(), st.next_uid)?;
         st.next_uid = st.next_uid.wrapping_add(1);
-        Some((policy, uid))
+        Some((policy, lease))
     }
 
     async fn refill(self: Arc<Self>) {
@@ -461,10 +464,11 @@ impl Pool {
     }
 
     /// Start one template and wait until its interpreter has its imports.
-    async fn start(&self, policy: &Policy, uid: u32) -> Result<PooledTemplate, String> {
-        let spec = plan::template_spec(&self.rootfs, uid, policy);
+    async fn start(&self, policy: &Policy, uid: crate::uids::Lease) -> Result<PooledTemplate, String> {
+        let spec = plan::template_spec(&self.rootfs, uid.uid, policy);
         let limits = plan::cgroup_limits(policy);
-        let mut template = PooledTemplate::start(&self.sandboxes, &spec, &limits).await.map_err(|e| e.to_string())?;
+        let mut template =
+            PooledTemplate::start(&self.sandboxes, &spec, &limits, uid).await.map_err(|e| e.to_string())?;
         let ready = tokio::select! {
             r = tokio::time::timeout(READY_TIMEOUT, template.next_message()) => r,
             _ = self.stop.cancelled() => Ok(Ok(None)),

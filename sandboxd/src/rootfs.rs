@@ -148,6 +148,10 @@ fn mount(image: &Path, target: &Path) -> Result<(), Error> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(merr(e)),
     }
+    // Mounted on the directory itself, never through a link (mount(8) follows one).
+    if !fs::symlink_metadata(target).map_err(merr)?.is_dir() {
+        return Err(merr(io::Error::other("not a directory (a link or a file is there): remove it")));
+    }
     // The mount point under the image: nothing for others to read when unmounted.
     fs::set_permissions(target, fs::Permissions::from_mode(0o700)).map_err(merr)?;
     // mount(8) sets up the loop device (autoclear: it goes at unmount) and reuses

@@ -544,11 +544,11 @@ impl Manager {
             return Err(Error::MaxSessions(self.max_sessions));
         }
         self.check_storage(&map, policy)?;
+        // A uid of the sessions' range no session holds, a closing one included
+        // (its processes may still run as it): never one of the pool's.
         let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
-        let uid = (0..u32::MAX - self.uid_base)
-            .map(|i| self.uid_base + i)
-            .find(|u| !used.contains(u))
-            .unwrap_or(self.uid_base);
+        let uid =
+            crate::uids::free(self.uid_range(), |u| used.contains(&u)).ok_or(Error::MaxSessions(self.max_sessions))?;
         let now = SystemTime::now();
         let info = SessionInfo {
             id: id.to_string(),
@@ -621,6 +621,17 @@ impl Manager {
     }
 
     /// Sessions held: ready ones and those being created.
+    /// The host uids sessions take, one each ([`crate::uids`]).
+    pub fn uid_range(&self) -> std::ops::Range<u32> {
+        crate::uids::Ranges::new(self.uid_base, self.max_sessions, None).sessions
+    }
+
+    /// The highest host uid a session holds (after [`Manager::recover`], a restart
+    /// with a lower `max_sessions` may have brought back one above the range).
+    pub fn highest_uid(&self) -> Option<u32> {
+        self.lock().values().map(|l| l.info.uid).max()
+    }
+
     pub fn count(&self) -> usize {
         self.lock().values().filter(|l| l.phase != Phase::Closing).count()
     }

@@ -52,6 +52,11 @@ pub fn make(path: &Path) -> Result<(), Error> {
         Ok(()) | Err(nix::Error::EEXIST) => {}
         Err(e) => return Err(fail("mkdir")(e)),
     }
+    // Mounted on the directory itself, never through a link (mount(2) follows one).
+    let st = nix::sys::stat::lstat(path).map_err(fail("lstat"))?;
+    if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFDIR {
+        return Err(fail("not a directory (a link or a file is there): remove it")(nix::Error::ENOTDIR));
+    }
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     mount(Some("tmpfs"), path, Some("tmpfs"), flags, Some(OPTIONS)).map_err(fail("mount tmpfs"))?;
     let filled = fill(path);

@@ -45,6 +45,8 @@ pub struct PooledTemplate {
     /// A run counted more than [`super::PIDS_KEEP`] tasks: the template is replaced, as
     /// the cgroup's task peak cannot be reset for the next run.
     pids_spent: bool,
+    /// The host uid it runs as, its alone while it lives.
+    _uid: crate::uids::Lease,
 }
 
 /// A template's fork, in its own namespaces, waiting for its code: its socket has
@@ -128,11 +130,12 @@ impl PooledTemplate {
     /// Start a pooled sandbox in a slot of `sandboxes`: built without a workspace,
     /// its program (a template interpreter) started with a socket as stdin, at the
     /// least CPU weight while it imports. `spec.workspace` must be `None` and
-    /// `spec.template` true.
+    /// `spec.template` true; `uid` is the lease on `spec.host_uid`.
     pub async fn start(
         sandboxes: &Arc<Sandboxes>,
         spec: &SandboxSpec,
         limits: &cgroup::Limits,
+        uid: crate::uids::Lease,
     ) -> Result<PooledTemplate, Error> {
         let slot = sandboxes.take().await?;
         let launched = async {
@@ -157,6 +160,7 @@ impl PooledTemplate {
                 prepared: None,
                 served: 0,
                 pids_spent: false,
+                _uid: uid,
             }),
             Err(e) => {
                 sandboxes.release(slot).await;

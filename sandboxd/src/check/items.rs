@@ -1,117 +1,9 @@
-//! The host check: every requirement sandboxd has of the machine, each as an
-//! [`Item`] that says what was found and, when it falls short, what to do.
-//!
-//! `sandboxd check` prints it, `GET /v1/check` serves it (`sandboxctl doctor`
-//! prints that), and the daemon runs it at start and refuses to start on a
-//! failing item instead of failing on the first run. The checks themselves are
-//! pure functions of what was read from the kernel ([`Facts`]), so each is
-//! unit-tested on the texts real hosts give; [`Facts::gather`] does the reading.
+//! The checks themselves: each a pure function of what was read from the host
+//! ([`super::Facts`]), giving one [`Item`] (or a few), unit-tested on the texts
+//! real hosts give.
 
-use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
-
-/// Oldest kernel sandboxd runs on: Landlock (5.13), idmapped ext4 mounts (5.12),
-/// `cgroup.kill` (5.14).
-pub const MIN_KERNEL: (u32, u32) = (5, 15);
-/// Kernel with Landlock ABI 4 (TCP bind/connect rules).
-pub const GOOD_KERNEL: (u32, u32) = (6, 7);
-/// Below this much free space in the state directory the daemon refuses to start.
-pub const MIN_FREE_BYTES: u64 = 512 << 20;
-/// Below this much it warns: the rootfs unpacks to about 1 GiB.
-pub const LOW_FREE_BYTES: u64 = 2 << 30;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("the host cannot run sandboxes: {0} (run `sandboxd check` to see every requirement)")]
-    Failed(String),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[schema(as = CheckStatus)]
-pub enum Status {
-    /// Met.
-    Ok,
-    /// Met in part: sandboxd runs, with less than it could.
-    Warn,
-    /// Not met: the daemon refuses to start.
-    Fail,
-}
-
-/// One requirement and how the host meets it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Item {
-    pub name: String,
-    pub status: Status,
-    /// What was found on this host.
-    pub found: String,
-    /// What to do; empty when the requirement is met.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub fix: String,
-}
-
-impl Item {
-    fn new(name: &str, status: Status, found: impl Into<String>, fix: impl Into<String>) -> Item {
-        Item { name: name.into(), status, found: found.into(), fix: fix.into() }
-    }
-    fn ok(name: &str, found: impl Into<String>) -> Item {
-        Item::new(name, Status::Ok, found, "")
-    }
-}
-
-/// Every item; `ok` is false when one of them failed.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Report {
-    pub ok: bool,
-    pub items: Vec<Item>,
-}
-
-impl Report {
-    pub fn new(items: Vec<Item>) -> Report {
-        Report { ok: items.iter().all(|i| i.status != Status::Fail), items }
-    }
-
-    /// The failing items in one line each, `name: found; fix`.
-    pub fn failures(&self) -> Vec<String> {
-        self.items
-            .iter()
-            .filter(|i| i.status == Status::Fail)
-            .map(|i| format!("{}: {}; {}", i.name, i.found, i.fix))
-            .collect()
-    }
-
-    /// The report as `sandboxd check` and `sandboxctl doctor` print it.
-    pub fn render(&self) -> String {
-        let width = self.items.iter().map(|i| i.name.chars().count()).max().unwrap_or(0);
-        let mut out = String::new();
-        for i in &self.items {
-            let mark = match i.status {
-                Status::Ok => "✓",
-                Status::Warn => "!",
-                Status::Fail => "✗",
-            };
-            out.push_str(&format!("{mark} {:<width$}  {}\n", i.name, i.found));
-            if !i.fix.is_empty() {
-                out.push_str(&format!("  {:<width$}  → {}\n", "", i.fix));
-            }
-        }
-        out.push_str(if self.ok {
-            "sandboxd can run sandboxes on this host.\n"
-        } else {
-            "sandboxd cannot run sandboxes on this host: fix the items marked ✗.\n"
-        });
-        out
-    }
-
-    /// `Err` naming the failing items, for the daemon's start.
-    pub fn require(&self) -> Result<(), Error> {
-        if self.ok {
-            Ok(())
-        } else {
-            Err(Error::Failed(self.failures().join(" | ")))
-        }
-    }
-}
+use super::{Item, Status, GOOD_KERNEL, LOW_FREE_BYTES, MIN_FREE_BYTES, MIN_KERNEL};
+use std::path::Path;
 
 /// `"6.18.44-fc-v669"` → `(6, 18)`.
 pub fn parse_release(release: &str) -> Option<(u32, u32)> {
@@ -351,137 +243,42 @@ pub fn rootfs(tarball: &Path, exists: bool, sha256: Option<&str>, content_hash: 
     }
 }
 
-/// Everything the checks read from the host.
-#[derive(Debug, Clone, Default)]
-pub struct Facts {
-    pub release: String,
-    pub landlock_abi: i32,
-    pub proc_status: String,
-    pub max_user_namespaces: Option<String>,
-    pub apparmor_restrict_userns: Option<String>,
-    pub unprivileged_userns_clone: Option<String>,
-    pub mountinfo: String,
-    pub v2_controllers: Option<String>,
-    pub loop_control: bool,
-    pub loop_module: bool,
-    pub state_dir: PathBuf,
-    pub free_bytes: Option<u64>,
-    pub tarball: PathBuf,
-    pub tarball_exists: bool,
-    pub tarball_sha256: Option<String>,
-    pub content_hash: Option<String>,
-}
-
-fn read(path: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(path).ok()
-}
-
-/// The state directory, or the closest of its parents that exists (the daemon
-/// creates it at start).
-fn existing_ancestor(dir: &Path) -> PathBuf {
-    let mut p = dir;
-    loop {
-        if p.exists() {
-            return p.to_path_buf();
-        }
-        match p.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => p = parent,
-            _ => return PathBuf::from("."),
-        }
+/// No host account or group may have a uid a sandbox runs as: a sandbox's user
+/// namespace is owned by its host uid, so a process of that account would hold
+/// every capability over it (enter its mounts, read its workspace).
+pub fn uid_range(uids: &std::ops::Range<u32>, accounts: &[(String, u32)]) -> Item {
+    let range = format!("host uids {} to {}", uids.start, uids.end.saturating_sub(1));
+    if accounts.is_empty() {
+        return Item::ok("uid range", format!("{range} (sessions and pooled templates): no account or group has one"));
     }
+    let held: Vec<String> = accounts.iter().take(8).map(|(what, id)| format!("{what} ({id})")).collect();
+    Item::new(
+        "uid range",
+        Status::Fail,
+        format!("{range} (sessions and pooled templates) hold {}", held.join(", ")),
+        "set uid_base to a range no account or group has (the default is 600000): a process of such an account would own a sandbox's user namespace, with every capability over it",
+    )
 }
 
-impl Facts {
-    /// Read the host. Cheap: a few small files and one statvfs.
-    pub fn gather(state_dir: &Path, tarball: &Path) -> Facts {
-        let release = read("/proc/sys/kernel/osrelease").map(|r| r.trim().to_string()).unwrap_or_default();
-        let mountinfo = read(crate::mountinfo::SELF).unwrap_or_default();
-        let v2_root =
-            crate::mountinfo::parse(&mountinfo).into_iter().find(|m| m.fstype == "cgroup2").map(|m| m.mount_point);
-        let v2_controllers = v2_root.and_then(|r| read(r.join("cgroup.controllers")));
-        let stat_dir = existing_ancestor(state_dir);
-        // The field types of statvfs differ between targets (u64 here, u32 on some).
-        #[allow(clippy::unnecessary_cast)]
-        let free_bytes = nix::sys::statvfs::statvfs(&stat_dir)
-            .ok()
-            .map(|s| (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64));
-        let resolved = std::fs::canonicalize(tarball).ok();
-        let tarball_exists = resolved.as_ref().is_some_and(|p| p.is_file());
-        let tarball_sha256 = resolved.as_ref().and_then(|p| read(format!("{}.sha256", p.display())));
-        let content_hash = resolved.as_ref().and_then(|p| {
-            let manifest = p.to_string_lossy().strip_suffix(".tar.zst").map(|s| format!("{s}.manifest.json"))?;
-            let json: serde_json::Value = serde_json::from_str(&read(manifest)?).ok()?;
-            json.get("content_hash")?.as_str().map(str::to_string)
-        });
-        Facts {
-            release,
-            landlock_abi: crate::isolate::landlock::kernel_abi(),
-            proc_status: read("/proc/self/status").unwrap_or_default(),
-            max_user_namespaces: read("/proc/sys/user/max_user_namespaces"),
-            apparmor_restrict_userns: read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
-            unprivileged_userns_clone: read("/proc/sys/kernel/unprivileged_userns_clone"),
-            mountinfo,
-            v2_controllers,
-            loop_control: Path::new("/dev/loop-control").exists(),
-            loop_module: Path::new("/sys/module/loop").exists(),
-            state_dir: stat_dir,
-            free_bytes,
-            tarball: tarball.to_path_buf(),
-            tarball_exists,
-            tarball_sha256,
-            content_hash,
-        }
+/// Open files a sandbox can keep within its memory limit (a file mapped and then
+/// closed keeps its open file, about 420 bytes of kernel memory each): what each
+/// session should find room for in `fs.file-max`.
+pub const FILES_PER_SESSION: u64 = 1 << 21;
+
+/// `fs.file-max` is shared by every process of the host: sandboxes holding most of
+/// it would leave the host's other processes (and other tenants) none.
+pub fn open_files(file_max: Option<u64>, max_sessions: usize) -> Item {
+    let wanted = FILES_PER_SESSION.saturating_mul(max_sessions as u64);
+    match file_max {
+        Some(max) if max >= wanted => Item::ok("open files", format!("fs.file-max is {max}")),
+        Some(max) => Item::new(
+            "open files",
+            Status::Warn,
+            format!("fs.file-max is {max}: a sandbox can keep about {FILES_PER_SESSION} files open within its memory limit, and {max_sessions} sessions could take all of it"),
+            "raise it, as systemd does: sysctl -w fs.file-max=9223372036854775807 (and in /etc/sysctl.d)",
+        ),
+        None => Item::new("open files", Status::Warn, "fs.file-max could not be read", "check /proc/sys/fs/file-max"),
     }
-
-    pub fn report(&self) -> Report {
-        let mut items = vec![
-            kernel(&self.release),
-            landlock(self.landlock_abi, crate::isolate::landlock::TARGET_ABI as i32),
-            seccomp(&self.proc_status),
-        ];
-        items.extend(user_namespaces(
-            self.max_user_namespaces.as_deref(),
-            self.apparmor_restrict_userns.as_deref(),
-            self.unprivileged_userns_clone.as_deref(),
-        ));
-        items.push(cgroups(&self.mountinfo, self.v2_controllers.as_deref()));
-        items.push(loop_devices(self.loop_control, self.loop_module));
-        items.push(free_space(&self.state_dir, self.free_bytes));
-        items.push(rootfs(
-            &self.tarball,
-            self.tarball_exists,
-            self.tarball_sha256.as_deref(),
-            self.content_hash.as_deref(),
-        ));
-        Report::new(items)
-    }
-}
-
-/// Where the daemon's `GET /v1/check` looks (set once at start).
-static INPUTS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
-
-/// Remember the daemon's state directory and rootfs tarball for `GET /v1/check`.
-pub fn remember(state_dir: &Path, tarball: &Path) {
-    let _ = INPUTS.set((state_dir.to_path_buf(), tarball.to_path_buf()));
-}
-
-/// `GET /v1/check`: the host check, as the daemon sees the host now.
-#[utoipa::path(get, path = "/v1/check", operation_id = "check_host", tag = "daemon", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
-pub async fn route() -> axum::Json<Report> {
-    axum::Json(now().await)
-}
-
-/// The host check as the daemon sees the host now (inputs from [`remember`]).
-pub async fn now() -> Report {
-    let (state_dir, tarball) = INPUTS.get().cloned().unwrap_or_default();
-    tokio::task::spawn_blocking(move || Facts::gather(&state_dir, &tarball).report()).await.unwrap_or_else(|e| {
-        Report::new(vec![Item::new(
-            "check",
-            Status::Fail,
-            format!("the check did not finish: {e}"),
-            "see the daemon's log",
-        )])
-    })
 }
 
 #[cfg(test)]
@@ -593,25 +390,24 @@ mod tests {
     }
 
     #[test]
-    fn report_names_the_failing_items() {
-        let r = Report::new(vec![kernel("6.12.0"), loop_devices(false, false), landlock(0, 7)]);
-        assert!(!r.ok);
-        let err = r.require().err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("loop devices: no /dev/loop-control") && err.contains("modprobe loop"), "{err}");
-        assert!(!err.contains("Landlock"), "a warning is not a failure: {err}");
-        let text = r.render();
-        assert!(text.contains("✓ kernel") && text.contains("✗ loop devices") && text.contains("! Landlock"), "{text}");
-        assert!(Report::new(vec![kernel("6.12.0")]).require().is_ok());
+    fn a_uid_range_with_an_account_in_it_is_refused() {
+        let range = 65_532..65_820;
+        assert_eq!(uid_range(&range, &[]).status, Status::Ok);
+        let held = uid_range(&range, &[("user nobody".into(), 65_534), ("group nogroup".into(), 65_534)]);
+        assert_eq!(held.status, Status::Fail);
+        assert!(
+            held.found.contains("host uids 65532 to 65819") && held.found.contains("user nobody (65534)"),
+            "{held:?}"
+        );
+        assert!(held.fix.contains("uid_base"), "{held:?}");
     }
 
     #[test]
-    fn this_host_gathers() {
-        // Whatever the host, gathering reads something for every item and never panics.
-        let facts = Facts::gather(Path::new("/nonexistent/state"), Path::new("/nonexistent/rootfs.tar.zst"));
-        let report = facts.report();
-        assert_eq!(report.items.len(), 9);
-        assert!(!facts.release.is_empty());
-        assert_eq!(facts.state_dir, Path::new("/"));
-        assert_eq!(report.items.last().map(|i| i.status), Some(Status::Fail));
+    fn file_max_below_what_the_sessions_could_hold_warns() {
+        assert_eq!(open_files(Some(u64::MAX / 2), 32).status, Status::Ok);
+        let low = open_files(Some(2_466_186), 32);
+        assert_eq!(low.status, Status::Warn);
+        assert!(low.found.contains("fs.file-max is 2466186") && low.fix.contains("sysctl -w fs.file-max"), "{low:?}");
+        assert_eq!(open_files(None, 32).status, Status::Warn);
     }
 }
