@@ -246,11 +246,13 @@ impl SaveDir {
         Ok(SaveDir { fd, path: path.to_path_buf() })
     }
 
-    /// A new file at `name` (a sandbox's name for it) below this directory: the
-    /// directories on its way are made, or opened without following a symlink.
+    /// A new file at `name` (a sandbox's name for it, in its text form: see
+    /// [`crate::names`]; saved under the raw bytes it stands for) below this
+    /// directory: the directories on its way are made, or opened without following
+    /// a symlink.
     pub fn create(&self, name: &str) -> Result<Pending, Error> {
         let refused = |why: &str| Error::Name { name: printable(name).into_owned(), why: why.to_string() };
-        let rel = crate::workspace::validate(name).map_err(|e| refused(&e.to_string()))?;
+        let rel = crate::names::path_of(name).map_err(|e| refused(&e.to_string()))?;
         let parts: Vec<&OsStr> = rel
             .components()
             .map(|c| match c {
@@ -417,6 +419,7 @@ mod tests {
 
     #[test]
     fn names_stay_below_the_save_directory_and_symlinks_are_not_followed() {
+        use std::os::unix::ffi::OsStrExt;
         let base = tempfile::tempdir().unwrap();
         let outside = base.path().join("outside");
         std::fs::create_dir(&outside).unwrap();
@@ -438,6 +441,11 @@ mod tests {
         assert!(!outside.join("target").exists());
         assert!(std::fs::symlink_metadata(base.path().join("save/f")).unwrap().is_file());
         assert_eq!(std::fs::read(base.path().join("save/sub/dir/g")).unwrap(), b"x");
+        // A name in its text form is saved under the bytes it stands for: one file.
+        save.create("back\\\\..\\\\slash\\xff").unwrap().commit().unwrap();
+        let raw = std::ffi::OsStr::from_bytes(b"back\\..\\slash\xff");
+        assert!(std::fs::symlink_metadata(base.path().join("save").join(raw)).unwrap().is_file());
+        std::fs::remove_file(base.path().join("save").join(raw)).unwrap();
         // A pending file dropped before its commit leaves nothing.
         drop(save.create("h").unwrap());
         let mut left: Vec<_> =
