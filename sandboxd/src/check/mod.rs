@@ -258,8 +258,25 @@ impl Facts {
 }
 
 /// The host's users and groups (as the system's name service knows them) whose
-/// id is in `uids`.
+/// id is in `uids`. Looked up once per range (a lookup per uid: a few hundred
+/// milliseconds for a large range), then remembered: `GET /v1/health` and
+/// `/v1/check` read the host again on every call, and the daemon refuses to start
+/// when the range holds an account anyway.
 fn accounts_in(uids: std::ops::Range<u32>) -> Vec<(String, u32)> {
+    type Seen = (std::ops::Range<u32>, Vec<(String, u32)>);
+    static LOOKED_UP: std::sync::Mutex<Option<Seen>> = std::sync::Mutex::new(None);
+    let mut seen = LOOKED_UP.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((range, found)) = seen.as_ref() {
+        if *range == uids {
+            return found.clone();
+        }
+    }
+    let found = look_up_accounts(uids.clone());
+    *seen = Some((uids, found.clone()));
+    found
+}
+
+fn look_up_accounts(uids: std::ops::Range<u32>) -> Vec<(String, u32)> {
     use nix::unistd::{Gid, Group, Uid, User};
     let mut found = vec![];
     for id in uids {
