@@ -18,12 +18,14 @@ pub mod metrics;
 /// The MCP tools live with the other surfaces, in `api/`.
 pub use api::mcp;
 pub mod mountinfo;
+pub mod owner;
 pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod records;
 pub mod rootfs;
 pub mod run;
+pub mod serve;
 pub mod service;
 pub mod session;
 pub mod storage;
