@@ -111,3 +111,71 @@ def kernel(daemon):
             c.delete(f"/v1/sessions/{sid}")
     daemon.wait_pool_ready()  # a template still starting is not a leftover
     daemon.assert_clean()
+
+
+# --- raw HTTP/1.1 on a socket: for tests of what one connection holds ------------
+
+def read_response(sock, timeout=10):
+    """One answer with a Content-Length: (status, headers (lowercase names), body)."""
+    sock.settimeout(timeout)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionError(f"closed before an answer: {buf!r}")
+        buf += more
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionError("closed in the middle of an answer")
+        rest += more
+    return status, headers, rest[:length]
+
+
+def send_request(sock, port, method, path, headers=(), body=None):
+    """Send one request on `sock` (Host 127.0.0.1:port) and read its answer."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", *headers]
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b""))
+    return read_response(sock)
+
+
+def read_until_closed(sock, limit):
+    """Bytes read until the daemon closes `sock` (EOF or reset), reading for at
+    most `limit` seconds; None if it was still open then."""
+    import socket as socketlib
+    import time as timelib
+    total = 0
+    end = timelib.monotonic() + limit
+    sock.settimeout(0.5)
+    while timelib.monotonic() < end:
+        try:
+            more = sock.recv(1 << 20)
+        except socketlib.timeout:
+            continue
+        except ConnectionResetError:
+            return total
+        if not more:
+            return total
+        total += len(more)
+    return None
+
+
+def loop_devices(image):
+    """The loop devices whose backing file is `image` (still there or deleted)."""
+    from pathlib import Path
+    found = []
+    for f in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            backing = f.read_text().strip()
+        except OSError:
+            continue
+        if backing in (str(image), f"{image} (deleted)"):
+            found.append(f.parts[3])
+    return found

@@ -68,3 +68,22 @@ def test_an_unmounted_rootfs_is_reported(fresh_daemon):
     }], h
     # The rest of the report is intact.
     assert re.fullmatch(r"[0-9a-f]{64}", h["rootfs_sha256"])
+
+
+def test_without_a_token_health_says_only_up_or_down(fresh_daemon):
+    """With tokens, the full report (counts, pool figures, cgroup paths, the
+    rootfs) needs a token; without one, over HTTP, only status and version."""
+    d = fresh_daemon(tokens=["tok"], args=["--operator-tokens", "op", "--pool-size", "0"])
+    full = set(health(d))
+    assert {"cgroup", "sessions", "pool", "rootfs_sha256", "problems"} <= full  # the socket: everything
+    with d.http() as c:
+        r = c.get("/v1/health")
+        assert r.status_code == 200 and r.json() == {"status": "ok", "version": health(d)["version"]}, r.text
+        assert c.get("/v1/health", headers={"Authorization": "Bearer wrong"}).json().keys() == {"status", "version"}
+        for token in ("tok", "op"):
+            r = c.get("/v1/health", headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == 200 and set(r.json()) == full, (token, r.text)
+    # Without tokens, the HTTP listener is loopback-only and shows it all.
+    open_daemon = fresh_daemon(args=["--pool-size", "0"])
+    with open_daemon.http() as c:
+        assert set(c.get("/v1/health").json()) == full

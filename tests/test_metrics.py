@@ -111,16 +111,32 @@ def test_kernel_cells_are_counted_by_mode(own):
     assert got[("sandboxd_run_execution_seconds_count", (("mode", "kernel"),))] == 3, got
 
 
-def test_a_token_is_needed_over_http_and_not_on_the_metrics_address(fresh_daemon):
+def test_an_operator_token_is_needed_over_http_and_not_on_the_metrics_address(fresh_daemon):
+    """The metrics are every tenant's figures: with tokens, HTTP needs an operator
+    token (a tenant's is 403); the socket without a token and the metrics_listen
+    address (the operator chose to expose it) need none."""
     port = free_port()
-    d = fresh_daemon(tokens=["t0ken"], args=["--metrics-listen", f"127.0.0.1:{port}", "--pool-size", "0"])
+    d = fresh_daemon(tokens=["t0ken"], args=["--operator-tokens", "0perator", "--metrics-listen", f"127.0.0.1:{port}",
+                                             "--pool-size", "0"])
     with d.http() as c:
         r = c.get("/metrics")
         assert r.status_code == 401 and error_code(r) == "unauthorized", r.text
     with d.http(token="wrong") as c:
         assert c.get("/metrics").status_code == 401
     with d.http(token="t0ken") as c:
-        assert value(scrape(c), "sandboxd_api_errors_total", code="unauthorized") == 2
+        r = c.get("/metrics")
+        assert r.status_code == 403 and error_code(r) == "forbidden", r.text
+        assert "operator_tokens" in r.json()["error"]["message"]
+        # The tenant's own routes work.
+        assert c.get("/v1/sessions").status_code == 200
+    with d.http(token="0perator") as c:
+        samples = scrape(c)
+        assert value(samples, "sandboxd_api_errors_total", code="unauthorized") == 2
+        assert value(samples, "sandboxd_api_errors_total", code="forbidden") == 1
+        # An operator token is also an API token, with an id space of its own.
+        assert c.post("/v1/sessions", json={"id": "mine"}).status_code == 201
+    with d.http(token="t0ken") as c:
+        assert c.get("/v1/sessions/mine").status_code == 404
     # The Unix socket (its file mode is the access control) needs no token.
     with d.uds() as c:
         scrape(c)

@@ -215,7 +215,8 @@ def test_a_streaming_client_that_stops_reading_holds_neither_the_run_nor_the_clo
     import json
     import socket
 
-    daemon = fresh_daemon(policies={"loud": LOUD_POLICY})
+    # It pauses (unread) for less than send_timeout_s, which would cut it otherwise.
+    daemon = fresh_daemon(policies={"loud": LOUD_POLICY}, args=["--send-timeout-s", "300"])
     with daemon.http() as c:
         sid = new_session(c, policy="loud")
         # 12 MiB in 1 KiB writes, each mostly read as a chunk of its own: far more

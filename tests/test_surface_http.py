@@ -6,13 +6,14 @@ the answers). Half-open connections stayed open forever. One token could fill ev
 session, and creating another tenant's id answered 409 (an oracle). Each test asserts
 the exact answer and what was (not) left behind."""
 
+import hashlib
 import json
 import signal
 import socket
 import threading
 import time
 
-from conftest import new_session
+from conftest import new_session, read_until_closed, send_request
 
 
 def error(r):
@@ -167,19 +168,19 @@ def test_half_open_and_idle_connections_are_closed(fresh_daemon):
 
 def test_connections_beyond_the_cap_are_closed(fresh_daemon):
     d = fresh_daemon(args=["--max-connections", "4", "--header-timeout-s", "30"])
-    held = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(4)]
-    for s in held:  # each is accepted and holds its place (a header begun)
-        s.sendall(b"GET /v1/health HTTP/1.1\r\n")
-    time.sleep(0.5)
+    # Four clients that each made a request (which claims the connection: it is
+    # theirs, never closed for a newcomer) and keep their connection.
+    held = []
+    for _ in range(4):
+        held.append(socket.create_connection(("127.0.0.1", d.port)))
+        assert send_request(held[-1], d.port, "GET", "/v1/sessions")[0] == 200
     extra = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(3)]
     for s in extra:
         took = _closed_after(s, 5)
         assert took < 2, took
         s.close()
     # The held ones still work.
-    held[0].sendall(f"Host: 127.0.0.1:{d.port}\r\n\r\n".encode())
-    held[0].settimeout(5)
-    assert held[0].recv(4096).startswith(b"HTTP/1.1 200")
+    assert send_request(held[0], d.port, "GET", "/v1/health")[0] == 200
     for s in held:
         s.close()
     # Once they are gone, the daemon serves as usual.
@@ -197,6 +198,34 @@ def test_connections_beyond_the_cap_are_closed(fresh_daemon):
         assert c.post("/v1/runs", json={"code": "print(3)"}).json()["stdout"] == "3\n"
     log = d.log_text()
     assert log.count("too many open connections") == 1, log  # at most once a second
+
+
+def test_connections_that_send_nothing_give_way_to_new_ones(fresh_daemon):
+    """Connections with a header begun and nothing more are anonymous: past
+    max_anonymous_connections, a new connection closes the one waiting longest,
+    so they never keep a client out (they once held every place)."""
+    d = fresh_daemon(args=["--max-connections", "4", "--max-anonymous-connections", "2", "--header-timeout-s", "30"])
+    held = []
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", d.port))
+        s.sendall(b"GET /v1/health HTTP/1.1\r\n")
+        held.append(s)
+        time.sleep(0.2)
+    # The first two gave way to the last two.
+    for s in held[:2]:
+        assert read_until_closed(s, 5) is not None
+    for s in held[2:]:
+        s.settimeout(0.5)
+        try:
+            assert s.recv(1) != b"", "closed"
+        except socket.timeout:
+            pass  # still open, as it should be
+    # A client that sends its request gets its answer.
+    with d.http() as c:
+        assert c.get("/v1/health").status_code == 200
+    for s in held:
+        s.close()
+    assert "closing the ones waiting longest" in d.log_path.read_text()
 
 
 # --- tenants ----------------------------------------------------------------------
@@ -345,3 +374,105 @@ def test_a_refused_upload_keeps_the_connection_usable(daemon):
                 assert c.get("/v1/health").status_code == 200
         # One connection served them all.
         assert c.get("/v1/health").status_code == 200
+
+
+# --- refusals keep the connection, one Host, owner ids ------------------------------
+
+def test_a_refused_request_keeps_its_connection_usable(fresh_daemon):
+    """401 (auth), 415 (the JSON type), 404 (no route) and 405 are answered once the
+    request's body is taken in: the same kept-alive connection serves the next
+    request (a connection closed on unread bytes was reset under the client)."""
+    d = fresh_daemon(tokens=["tok"], args=["--pool-size", "0"])
+    body = b"x" * (512 * 1024)
+    s = socket.create_connection(("127.0.0.1", d.port))
+    try:
+        cases = [
+            ("POST", "/v1/runs", ["Content-Type: application/json"], 401, "unauthorized"),
+            ("PUT", "/v1/sessions/x/files/f", ["Authorization: Bearer wrong"], 401, "unauthorized"),
+            ("POST", "/v1/runs", ["Authorization: Bearer tok", "Content-Type: text/plain"], 415, "unsupported_media_type"),
+            ("POST", "/v2/nowhere", ["Authorization: Bearer tok"], 404, "not_found"),
+            ("PATCH", "/v1/sessions", ["Authorization: Bearer tok"], 405, "method_not_allowed"),
+        ]
+        for method, path, headers, status, code in cases:
+            got, answer_headers, answer = send_request(s, d.port, method, path, headers, body)
+            assert (got, json.loads(answer)["error"]["code"]) == (status, code), (method, path, answer)
+            assert answer_headers.get("connection") != "close", answer_headers
+            # The next request, on the same connection.
+            got, _, answer = send_request(s, d.port, "GET", "/v1/sessions", ["Authorization: Bearer tok"])
+            assert got == 200 and json.loads(answer) == [], answer
+    finally:
+        s.close()
+
+
+def test_a_request_with_two_hosts_is_refused(daemon):
+    """Only the first Host was checked: a second one, which a proxy or a framework
+    could read instead, is refused."""
+    for second in ("evil.example", f"127.0.0.1:{daemon.port}"):
+        s = socket.create_connection(("127.0.0.1", daemon.port))
+        try:
+            status, _, body = send_request(s, daemon.port, "GET", "/v1/sessions", [f"Host: {second}"])
+            assert status == 400, body
+            error = json.loads(body)["error"]
+            assert error == {"code": "invalid_request", "message": "the request has 2 `Host` headers: send exactly "
+                             "one (the name and port the daemon is reached by)"}, error
+        finally:
+            s.close()
+    with daemon.http() as c:
+        assert c.get("/v1/sessions").status_code == 200
+
+
+def _tenant_dirs(d):
+    return sorted(p.name for p in (d.state / "sessions").iterdir())
+
+
+def test_owner_ids_are_keyed_and_stable_across_a_restart(fresh_daemon):
+    d = fresh_daemon(tokens=["tok-a"])
+    plain = hashlib.sha256(b"tok-a").hexdigest()
+    with d.http(token="tok-a") as a:
+        assert a.post("/v1/sessions", json={"id": "x"}).status_code == 201
+        owner = a.get("/v1/sessions/x").json()["owner"]
+    # The owner id is not the token's plain hash, and neither is its directory.
+    assert len(owner) == 32 and owner != plain[:32]
+    assert _tenant_dirs(d) == [f"{owner[:16]}.x"]
+    # The secret it is keyed with: root's, 0600, 32 bytes, in the state directory.
+    key = d.state / "owner.key"
+    st = key.stat()
+    assert (st.st_uid, st.st_mode & 0o777, st.st_size) == (0, 0o600, 32)
+    log = d.log_text()
+    assert "tok-a" not in log and plain[:16] not in log and key.read_bytes().hex()[:16] not in log
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    d.start()
+    with d.http(token="tok-a") as a:
+        assert a.get("/v1/sessions/x").json()["owner"] == owner
+    assert _tenant_dirs(d) == [f"{owner[:16]}.x"]
+
+
+def test_an_upgrade_keeps_the_sessions_of_old_owner_ids(fresh_daemon):
+    """Sessions an earlier daemon left under a token's unsalted hash are moved to
+    its keyed id at start: the token finds them, with their files."""
+    d = fresh_daemon(tokens=["tok-a"])
+    with d.http(token="tok-a") as a:
+        assert a.post("/v1/sessions", json={"id": "x"}).status_code == 201
+        assert a.put("/v1/sessions/x/files/kept.txt", content=b"from before").status_code == 201
+        owner = a.get("/v1/sessions/x").json()["owner"]
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    # As the earlier daemon stored it: owner sha256(token), directory by its first 16 digits.
+    old = hashlib.sha256(b"tok-a").hexdigest()[:32]
+    sessions = d.state / "sessions"
+    (sessions / f"{owner[:16]}.x").rename(sessions / f"{old[:16]}.x")
+    path = sessions / f"{old[:16]}.x" / "session.json"
+    info = json.loads(path.read_text())
+    info["owner"] = old
+    path.write_text(json.dumps(info))
+    d.start()
+    with d.http(token="tok-a") as a:
+        assert [s["id"] for s in a.get("/v1/sessions").json()] == ["x"]
+        assert a.get("/v1/sessions/x").json()["owner"] == owner
+        assert a.get("/v1/sessions/x/files/kept.txt").content == b"from before"
+        r = a.post("/v1/sessions/x/runs", json={"code": "print(open('kept.txt').read())"}).json()
+        assert r["stdout"] == "from before\n", r
+    assert _tenant_dirs(d) == [f"{owner[:16]}.x"]
+    assert json.loads((sessions / f"{owner[:16]}.x" / "session.json").read_text())["owner"] == owner
+    assert "moved a token's session to its keyed owner id" in d.log_text()

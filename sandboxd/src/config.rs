@@ -56,6 +56,10 @@ pub struct Settings {
     /// Bearer tokens, comma-separated. Required to listen on a non-loopback address.
     #[arg(long, env = "SANDBOXD_TOKENS", value_delimiter = ',')]
     pub tokens: Option<Vec<String>>,
+    /// Operator bearer tokens, comma-separated: each is also an API token (an id
+    /// space of its own), and may read the full health report and GET /metrics.
+    #[arg(long, env = "SANDBOXD_OPERATOR_TOKENS", value_delimiter = ',')]
+    pub operator_tokens: Option<Vec<String>>,
     /// Directory for sessions and the unpacked rootfs.
     #[arg(long, env = "SANDBOXD_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
@@ -86,6 +90,15 @@ pub struct Settings {
     /// Most open connections per listener; more are closed at once.
     #[arg(long, env = "SANDBOXD_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most connections per listener that no request with a known token (or, where
+    /// none is needed, no request at all) has claimed yet; past it, the one waiting
+    /// longest is closed (default: a quarter of max_connections, rounded up).
+    #[arg(long, env = "SANDBOXD_MAX_ANONYMOUS_CONNECTIONS")]
+    pub max_anonymous_connections: Option<usize>,
+    /// Most connections per listener one token holds (default: a quarter of
+    /// max_connections, rounded up).
+    #[arg(long, env = "SANDBOXD_TOKEN_MAX_CONNECTIONS")]
+    pub token_max_connections: Option<usize>,
     /// Seconds a client has to send a request's headers; also how long a kept-alive
     /// connection may wait idle for its next request.
     #[arg(long, env = "SANDBOXD_HEADER_TIMEOUT_S")]
@@ -93,6 +106,10 @@ pub struct Settings {
     /// Seconds a JSON body has to arrive whole; an upload may pause this long between chunks.
     #[arg(long, env = "SANDBOXD_BODY_TIMEOUT_S")]
     pub body_timeout_s: Option<u64>,
+    /// Seconds a response may wait for its client to take bytes (a download, an
+    /// event stream); past that the connection is closed.
+    #[arg(long, env = "SANDBOXD_SEND_TIMEOUT_S")]
+    pub send_timeout_s: Option<u64>,
     /// Idle time after which a session is closed, in seconds.
     #[arg(long, env = "SANDBOXD_SESSION_TTL_S")]
     pub session_ttl_s: Option<u64>,
@@ -141,6 +158,8 @@ pub struct Config {
     pub public_url: String,
     #[serde(serialize_with = "redact")]
     pub tokens: Vec<String>,
+    #[serde(serialize_with = "redact")]
+    pub operator_tokens: Vec<String>,
     pub state_dir: PathBuf,
     pub rootfs_tarball: PathBuf,
     pub policies_dir: PathBuf,
@@ -151,8 +170,11 @@ pub struct Config {
     pub token_mcp_max_sessions: usize,
     pub mcp_session_idle_s: u64,
     pub max_connections: usize,
+    pub max_anonymous_connections: usize,
+    pub token_max_connections: usize,
     pub header_timeout_s: u64,
     pub body_timeout_s: u64,
+    pub send_timeout_s: u64,
     pub session_ttl_s: u64,
     pub uid_base: u32,
     pub instance: String,
@@ -197,6 +219,7 @@ impl Config {
             metrics_listen,
             public_url,
             tokens,
+            operator_tokens,
             state_dir,
             rootfs_tarball,
             policies_dir,
@@ -207,8 +230,11 @@ impl Config {
             token_mcp_max_sessions,
             mcp_session_idle_s,
             max_connections,
+            max_anonymous_connections,
+            token_max_connections,
             header_timeout_s,
             body_timeout_s,
+            send_timeout_s,
             session_ttl_s,
             uid_base,
             instance,
@@ -237,8 +263,17 @@ impl Config {
             })?),
         };
         let tokens: Vec<String> = s.tokens.unwrap_or_default().into_iter().filter(|t| !t.is_empty()).collect();
+        let operator_tokens: Vec<String> =
+            s.operator_tokens.unwrap_or_default().into_iter().filter(|t| !t.is_empty()).collect();
+        if operator_tokens.iter().any(|t| tokens.contains(t)) {
+            return Err(Error::Invalid {
+                key: "operator_tokens",
+                reason: "a token is in both `tokens` and `operator_tokens`: give the operator a token of its own"
+                    .into(),
+            });
+        }
         if let Some(addr) = http {
-            if !addr.ip().is_loopback() && tokens.is_empty() {
+            if !addr.ip().is_loopback() && tokens.is_empty() && operator_tokens.is_empty() {
                 return Err(Error::Invalid {
                     key: "http",
                     reason: format!(
@@ -293,12 +328,22 @@ impl Config {
                 reason: format!("{max_connections}; allowed: 1 to 65536"),
             });
         }
+        let per_listener = |key: &'static str, value: Option<usize>| match value {
+            None => Ok(max_connections.div_ceil(4)),
+            Some(n) if (1..=max_connections).contains(&n) => Ok(n),
+            Some(n) => {
+                Err(Error::Invalid { key, reason: format!("{n}; allowed: 1 to max_connections ({max_connections})") })
+            }
+        };
+        let max_anonymous_connections = per_listener("max_anonymous_connections", s.max_anonymous_connections)?;
+        let token_max_connections = per_listener("token_max_connections", s.token_max_connections)?;
         let seconds = |key: &'static str, value: Option<u64>, default: u64| match value.unwrap_or(default) {
             n @ 1..=3600 => Ok(n),
             n => Err(Error::Invalid { key, reason: format!("{n}; allowed: 1 to 3600 seconds") }),
         };
         let header_timeout_s = seconds("header_timeout_s", s.header_timeout_s, 10)?;
         let body_timeout_s = seconds("body_timeout_s", s.body_timeout_s, 30)?;
+        let send_timeout_s = seconds("send_timeout_s", s.send_timeout_s, 30)?;
         let uid_base = s.uid_base.unwrap_or(600_000);
         if !(1000..=u32::MAX - 100_000).contains(&uid_base) {
             return Err(Error::Invalid {
@@ -325,6 +370,7 @@ impl Config {
             metrics_listen,
             public_url,
             tokens,
+            operator_tokens,
             state_dir: s.state_dir.unwrap_or_else(|| "/var/lib/sandboxd".into()),
             rootfs_tarball: s.rootfs_tarball.unwrap_or_else(|| "/var/cache/sandboxd/rootfs/current.tar.zst".into()),
             policies_dir: s.policies_dir.unwrap_or_else(default_policies_dir),
@@ -335,8 +381,11 @@ impl Config {
             token_mcp_max_sessions,
             mcp_session_idle_s,
             max_connections,
+            max_anonymous_connections,
+            token_max_connections,
             header_timeout_s,
             body_timeout_s,
+            send_timeout_s,
             session_ttl_s: s.session_ttl_s.unwrap_or(1800),
             uid_base,
             instance,
@@ -376,6 +425,44 @@ mod tests {
         assert_eq!(c.public_url, "http://127.0.0.1:8181");
         assert_eq!((c.token_max_sessions, c.token_max_runs), (16, 8));
         assert_eq!((c.max_connections, c.header_timeout_s, c.body_timeout_s), (256, 10, 30));
+        assert_eq!((c.max_anonymous_connections, c.token_max_connections, c.send_timeout_s), (64, 64, 30));
+        assert!(c.operator_tokens.is_empty());
+    }
+
+    #[test]
+    fn connection_limits_fit_inside_max_connections() {
+        let s = Settings { max_connections: Some(10), ..Default::default() };
+        let c = Config::from_settings(s).unwrap();
+        assert_eq!((c.max_anonymous_connections, c.token_max_connections), (3, 3));
+        let s = Settings { max_connections: Some(10), token_max_connections: Some(11), ..Default::default() };
+        let err = Config::from_settings(s).unwrap_err().to_string();
+        assert!(err.contains("`token_max_connections`") && err.contains("1 to max_connections (10)"), "{err}");
+        let s = Settings { max_anonymous_connections: Some(0), ..Default::default() };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`max_anonymous_connections`"));
+        for bad in [0, 3601] {
+            let s = Settings { send_timeout_s: Some(bad), ..Default::default() };
+            assert!(Config::from_settings(s).unwrap_err().to_string().contains("`send_timeout_s`"));
+        }
+        let s = Settings { send_timeout_s: Some(5), ..Default::default() };
+        assert_eq!(Config::from_settings(s).unwrap().send_timeout_s, 5);
+    }
+
+    #[test]
+    fn operator_tokens_are_tokens_of_their_own() {
+        let s = Settings {
+            http: Some("0.0.0.0:8181".into()),
+            operator_tokens: Some(vec!["op".into(), "".into()]),
+            ..Default::default()
+        };
+        let c = Config::from_settings(s).unwrap();
+        assert_eq!(c.operator_tokens, ["op"]);
+        assert!(!c.to_toml().contains("\"op\""));
+        let s = Settings {
+            tokens: Some(vec!["same".into()]),
+            operator_tokens: Some(vec!["same".into()]),
+            ..Default::default()
+        };
+        assert!(Config::from_settings(s).unwrap_err().to_string().contains("`operator_tokens`"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::isolate::{cgroup::Cgroups, landlock, Sandboxes};
 use crate::pool::Pool;
 use crate::run::Context;
+use crate::serve::{serve_until_stopped, Limits, SlotLimits};
 use crate::session::Manager;
 use crate::{policy, rootfs};
 use std::os::unix::fs::PermissionsExt;
@@ -42,6 +43,8 @@ pub enum Error {
     Runtime(std::io::Error),
     #[error(transparent)]
     Seccomp(#[from] crate::isolate::seccomp::Error),
+    #[error(transparent)]
+    OwnerKey(#[from] crate::owner::Error),
 }
 
 fn init_logging(config: &Config) {
@@ -123,7 +126,11 @@ async fn serve_with(
         Manager::new(&config.state_dir, policies, config.max_sessions, config.session_ttl_s, config.uid_base)
             .map_err(|e| Error::State(config.state_dir.clone(), e))?
             .with_token_quotas(config.token_max_sessions, config.token_max_runs);
-    let recovered = sessions.recover().await;
+    // Owner ids of tokens are keyed with this daemon's secret; sessions an
+    // earlier daemon keyed the old way are moved to theirs as they are taken back.
+    let owner_key = crate::owner::OwnerKey::load_or_create(&config.state_dir)?;
+    let rekey = owner_key.rekeying(config.tokens.iter().chain(&config.operator_tokens));
+    let recovered = sessions.recover(&rekey).await;
     if recovered > 0 {
         tracing::info!(sessions = recovered, "took back sessions from an earlier run");
     }
@@ -151,7 +158,7 @@ async fn serve_with(
     let service = crate::service::Service::new(sessions.clone(), ctx);
     let state = Arc::new(AppState {
         service: Arc::new(service.clone()),
-        token_hashes: config.tokens.iter().map(|t| api::token_hash(t)).collect(),
+        tokens: api::Tokens::new(owner_key, &config.tokens, &config.operator_tokens),
         version: env!("CARGO_PKG_VERSION"),
         rootfs_sha256: rootfs.sha256.clone(),
         landlock_abi: abi,
@@ -167,8 +174,13 @@ async fn serve_with(
     let mut servers = tokio::task::JoinSet::new();
     let body_timeout = Duration::from_secs(config.body_timeout_s);
     let limits = Limits {
-        max_connections: config.max_connections,
+        slots: SlotLimits {
+            max: config.max_connections,
+            anonymous: config.max_anonymous_connections,
+            per_token: config.token_max_connections,
+        },
         header_timeout: Duration::from_secs(config.header_timeout_s),
+        send_timeout: Duration::from_secs(config.send_timeout_s),
         // Runs have ended when the listeners close; answers still going out (a
         // download) get this long, then whatever a client still holds open is cut.
         drain: Duration::from_secs(config.shutdown_grace_s + 10),
@@ -246,100 +258,11 @@ async fn serve_with(
     Ok(())
 }
 
-/// How a listener's connections are served.
-#[derive(Debug, Clone)]
-struct Limits {
-    /// Open connections at once; more are closed as soon as they are accepted.
-    max_connections: usize,
-    /// For a request's headers, and for the next request on a kept-alive connection.
-    header_timeout: Duration,
-    /// After `stop`, how long connections get to finish before they are cut.
-    drain: Duration,
-}
-
-/// Serve `app` on `listener` (HTTP/1, with the header timeout and the connection
-/// cap) until `stop` turns true, then let in-flight requests finish and close
-/// idle connections.
 /// A TCP listener on `addr`, and the address it got (the port, when `addr` asked for 0).
 async fn bind_tcp(addr: std::net::SocketAddr) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), Error> {
     let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Listen(addr.to_string(), e))?;
     let bound = tcp.local_addr().map_err(|e| Error::Listen(addr.to_string(), e))?;
     Ok((tcp, bound))
-}
-
-fn serve_until_stopped<L>(
-    servers: &mut tokio::task::JoinSet<std::io::Result<()>>,
-    mut listener: L,
-    name: &'static str,
-    app: axum::Router,
-    limits: Limits,
-    mut stop: watch::Receiver<bool>,
-) where
-    L: axum::serve::Listener,
-{
-    servers.spawn(async move {
-        let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-        let mut connections = tokio::task::JoinSet::new();
-        let mut refused: u64 = 0;
-        let mut last_warning: Option<tokio::time::Instant> = None;
-        loop {
-            let io = tokio::select! {
-                (io, _) = listener.accept() => io,
-                _ = stop.wait_for(|s| *s) => break,
-                Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            };
-            let Ok(permit) = open.clone().try_acquire_owned() else {
-                drop(io);
-                refused += 1;
-                if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    tracing::warn!(
-                        listener = name,
-                        max_connections = limits.max_connections,
-                        refused,
-                        "too many open connections: closing new ones at once (see max_connections)"
-                    );
-                    last_warning = Some(tokio::time::Instant::now());
-                    refused = 0;
-                }
-                continue;
-            };
-            let service = hyper_util::service::TowerToHyperService::new(app.clone());
-            let header_timeout = limits.header_timeout;
-            let mut stop = stop.clone();
-            connections.spawn(async move {
-                let _permit = permit;
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
-                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
-                tokio::pin!(conn);
-                let stopped = async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                };
-                let served = tokio::select! {
-                    r = conn.as_mut() => r,
-                    () = stopped => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
-                    }
-                };
-                if let Err(e) = served {
-                    tracing::debug!(listener = name, error = %e, "connection ended with an error");
-                }
-            });
-        }
-        drop(listener);
-        let drained =
-            tokio::time::timeout(limits.drain, async { while connections.join_next().await.is_some() {} }).await;
-        if drained.is_err() {
-            tracing::warn!(
-                listener = name,
-                open = connections.len(),
-                "connections still open after the grace period: closing them"
-            );
-            connections.shutdown().await;
-        }
-        Ok(())
-    });
 }
 
 fn bind_unix(config: &Config) -> Result<tokio::net::UnixListener, Error> {

@@ -152,6 +152,10 @@ pub struct OpenFile {
     pub mime_type: String,
     /// The file's name (its last component), as the workspace holds it.
     pub name: std::ffi::OsString,
+    /// Holds the session up while the file is read: the open file pins its
+    /// workspace's mount. A streamed answer keeps it as long as it is sent
+    /// ([`session::Use::for_body`]).
+    pub hold: Option<session::Use>,
 }
 
 /// Where a started run's result arrives.
@@ -284,6 +288,10 @@ pub trait FileUpload: Send {
     fn finish(self: Box<Self>) -> Result<FileEntry, Error>;
     /// Remove what was written.
     fn abort(self: Box<Self>);
+    /// Cancelled when the session's teardown begins: stop waiting for the body.
+    fn closed(&self) -> Option<tokio_util::sync::CancellationToken> {
+        None
+    }
 }
 
 /// The daemon's operations over its sessions, runs and files. Cheap to clone.
@@ -485,10 +493,10 @@ impl Service {
     /// Open a workspace file to stream it.
     pub fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
         let rel = names::path_of(path)?;
-        let (ws, _, _hold) = self.open_workspace(caller, id)?;
+        let (ws, _, hold) = self.open_workspace(caller, id)?;
         let (file, meta) = ws.open_read(&rel)?;
         let name = rel.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-        Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name })
+        Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name, hold: Some(hold) })
     }
 
     /// Start writing a workspace file; feed it with [`Upload::write`].
@@ -707,6 +715,10 @@ impl FileUpload for Upload {
         let Upload { ws, rel, writer, .. } = *self;
         drop(writer);
         let _ = ws.remove(&rel);
+    }
+
+    fn closed(&self) -> Option<tokio_util::sync::CancellationToken> {
+        Some(self.hold.cut())
     }
 }
 

@@ -20,10 +20,15 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+mod create;
+mod recover;
+mod teardown;
 
 /// What can go wrong with a session; the API edge maps each to its HTTP answer.
 #[derive(Debug, thiserror::Error)]
@@ -40,10 +45,12 @@ pub enum Error {
     Busy(String),
     #[error("ttl_s must be from 1 to 2592000 seconds")]
     InvalidTtl,
-    #[error("this token already holds its maximum of {0} sessions (token_max_sessions): close one (DELETE /v1/sessions/ID) or wait for idle ones to expire")]
-    TokenMaxSessions(usize),
-    #[error("the daemon already holds its maximum of {0} sessions: close one (DELETE /v1/sessions/ID) or wait for idle ones to expire")]
-    MaxSessions(usize),
+    /// `closing`: how many of them are still being torn down (they count until
+    /// their teardown has ended).
+    #[error("this token already holds its maximum of {max} sessions (token_max_sessions){}: close one (DELETE /v1/sessions/ID) or wait for idle ones to expire", closing_note(*closing))]
+    TokenMaxSessions { max: usize, closing: usize },
+    #[error("the daemon already holds its maximum of {max} sessions{}: close one (DELETE /v1/sessions/ID) or wait for idle ones to expire", closing_note(*closing))]
+    MaxSessions { max: usize, closing: usize },
     #[error("this token already has its maximum of {0} runs going at once (token_max_runs): wait for one to finish, or cancel one (DELETE /v1/sessions/ID/run), then retry")]
     TokenMaxRuns(usize),
     /// The state directory's filesystem cannot hold every session's workspace
@@ -63,6 +70,14 @@ pub enum Mode {
     Script,
     /// One interpreter stays alive across runs: variables persist ([`crate::kernel`]).
     Kernel,
+}
+
+/// How a quota refusal names the sessions that still count while torn down.
+fn closing_note(closing: usize) -> String {
+    match closing {
+        0 => String::new(),
+        n => format!(", {n} of them still being closed (retry in a moment)"),
+    }
 }
 
 /// What is stored of a session, and what the API shows.
@@ -108,25 +123,38 @@ struct Live {
     busy: bool,
     cancel: Option<watch::Sender<bool>>,
     phase: Phase,
+    /// Which life of its key this is: a hold ([`Lease`], [`Use`]) that outlives a
+    /// forced teardown never touches a later session of the same key.
+    epoch: u64,
     /// File operations going on in the workspace ([`Use`]); a teardown waits for them.
     users: usize,
-    /// Set when the teardown begins: an upload in progress stops at its next write.
-    closing: Arc<AtomicBool>,
+    /// Response bodies streaming from the workspace ([`Use::for_body`]): a teardown
+    /// cuts them, then waits for them to be dropped.
+    bodies: usize,
+    /// Cancelled when the teardown begins: an upload in progress stops, a body
+    /// being sent is cut (its connection closed).
+    cut: CancellationToken,
+    /// The teardown was forced while a run still held the session: the run's
+    /// lease removes the entry (freeing the key and its uid) when it drops.
+    torn_down: bool,
     /// A kernel session taken back after a restart, whose kernel (and variables)
     /// went with the earlier daemon: its next cell says `kernel_restarted`.
     kernel_lost: bool,
 }
 
 impl Live {
-    fn new(info: SessionInfo, last_used: SystemTime, phase: Phase) -> Live {
+    fn new(info: SessionInfo, last_used: SystemTime, phase: Phase, epoch: u64) -> Live {
         Live {
             info,
             last_used,
             busy: false,
             cancel: None,
             phase,
+            epoch,
             users: 0,
-            closing: Arc::default(),
+            bodies: 0,
+            cut: CancellationToken::new(),
+            torn_down: false,
             kernel_lost: false,
         }
     }
@@ -145,6 +173,10 @@ pub struct Manager {
     /// Most sessions one token holds, and runs it has going, at once.
     token_max_sessions: usize,
     token_max_runs: usize,
+    /// The next [`Live::epoch`].
+    epochs: AtomicU64,
+    /// Longest a teardown waits for what holds the session before it forces it.
+    teardown_deadline: Duration,
 }
 
 /// Marks a session busy for one run; dropping it frees the session.
@@ -159,6 +191,7 @@ pub struct Lease {
     pub workspace: PathBuf,
     pub mode: Mode,
     pub cancel: watch::Receiver<bool>,
+    epoch: u64,
 }
 
 impl Drop for Lease {
@@ -167,7 +200,7 @@ impl Drop for Lease {
         // teardown (which waits for that) never races this write.
         let saved = {
             let mut map = self.manager.lock();
-            map.get_mut(&self.id).filter(|l| l.phase == Phase::Ready).map(|live| {
+            map.get_mut(&self.id).filter(|l| l.phase == Phase::Ready && l.epoch == self.epoch).map(|live| {
                 live.last_used = SystemTime::now();
                 live.info.last_used_at = rfc3339(live.last_used);
                 live.info.clone()
@@ -176,9 +209,18 @@ impl Drop for Lease {
         if let Some(info) = saved {
             self.manager.persist(&info);
         }
-        if let Some(live) = self.manager.lock().get_mut(&self.id) {
-            live.busy = false;
-            live.cancel = None;
+        {
+            let mut map = self.manager.lock();
+            if let Some(live) = map.get_mut(&self.id).filter(|l| l.epoch == self.epoch) {
+                live.busy = false;
+                live.cancel = None;
+                if live.torn_down {
+                    // Its teardown was forced while this run held it: the key and
+                    // the uid are free only now that the run is over.
+                    map.remove(&self.id);
+                    tracing::info!(session_id = %self.id, "the run that outlived its session's teardown ended: session closed");
+                }
+            }
         }
         self.manager.idle.notify_waiters();
     }
@@ -186,29 +228,56 @@ impl Drop for Lease {
 
 /// One file operation's hold on a ready session's workspace (see
 /// [`Manager::open`]): the session's teardown waits until every hold is dropped,
-/// so nothing is written into a workspace being unmounted.
+/// so nothing is written into a workspace being unmounted. A response body that
+/// streams from the workspace holds it as long as it is sent ([`Use::for_body`]).
 pub struct Use {
     manager: Arc<Manager>,
     key: String,
     public_id: String,
-    closing: Arc<AtomicBool>,
+    epoch: u64,
+    cut: CancellationToken,
+    /// Counted as a body (cut by the teardown) rather than a file operation.
+    body: bool,
 }
 
 impl Use {
     /// `Err(session_not_found)` once the session's teardown began: stop writing,
     /// the workspace is going away.
     pub fn check(&self) -> Result<(), Error> {
-        if self.closing.load(Ordering::SeqCst) {
+        if self.cut.is_cancelled() {
             return Err(Manager::not_found(&self.public_id));
         }
         Ok(())
+    }
+
+    /// Cancelled when the session's teardown begins: what holds the session
+    /// stops (an upload) or is cut (a body, its connection closed).
+    pub fn cut(&self) -> CancellationToken {
+        self.cut.clone()
+    }
+
+    /// This hold, for a response body that streams from the workspace: the
+    /// teardown cuts it at once instead of waiting, and an expiry does not wait.
+    pub fn for_body(mut self) -> Use {
+        if !self.body {
+            if let Some(live) = self.manager.lock().get_mut(&self.key).filter(|l| l.epoch == self.epoch) {
+                live.users = live.users.saturating_sub(1);
+                live.bodies += 1;
+            }
+            self.body = true;
+        }
+        self
     }
 }
 
 impl Drop for Use {
     fn drop(&mut self) {
-        if let Some(live) = self.manager.lock().get_mut(&self.key) {
-            live.users = live.users.saturating_sub(1);
+        if let Some(live) = self.manager.lock().get_mut(&self.key).filter(|l| l.epoch == self.epoch) {
+            if self.body {
+                live.bodies = live.bodies.saturating_sub(1);
+            } else {
+                live.users = live.users.saturating_sub(1);
+            }
         }
         self.manager.idle.notify_waiters();
     }
@@ -230,6 +299,10 @@ const KERNEL_STARTED: &str = "kernel-started";
 
 /// Longest a create of a key waits for that key's teardown to end.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(60);
+
+/// Longest a teardown waits for the session's run, file operations and bodies to
+/// let go before it forces its way ([`Manager::with_teardown_deadline`]).
+pub const TEARDOWN_DEADLINE: Duration = Duration::from_secs(15);
 
 pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
@@ -316,7 +389,19 @@ impl Manager {
             kernels: crate::kernel::Kernels::default(),
             token_max_sessions: max_sessions,
             token_max_runs: max_sessions,
+            epochs: AtomicU64::new(1),
+            teardown_deadline: TEARDOWN_DEADLINE,
         })
+    }
+
+    /// Set how long a teardown waits before it forces its way.
+    pub fn with_teardown_deadline(mut self, deadline: Duration) -> Manager {
+        self.teardown_deadline = deadline;
+        self
+    }
+
+    fn next_epoch(&self) -> u64 {
+        self.epochs.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Set the per-token quotas (each at most `max_sessions`).
@@ -401,8 +486,14 @@ impl Manager {
         let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
         live.users += 1;
         let info = shown(&live.info, live.busy, owner);
-        let hold =
-            Use { manager: self.clone(), key: key.clone(), public_id: id.to_string(), closing: live.closing.clone() };
+        let hold = Use {
+            manager: self.clone(),
+            key: key.clone(),
+            public_id: id.to_string(),
+            epoch: live.epoch,
+            cut: live.cut.clone(),
+            body: false,
+        };
         Ok(Opened { info, workspace: self.workspace(&key), records: self.records(&key), hold })
     }
 
@@ -433,172 +524,6 @@ impl Manager {
 
     fn not_found(id: &str) -> Error {
         Error::NotFound(id.to_string())
-    }
-
-    /// Make a new session. `owner` is the caller's token identity, if any.
-    ///
-    /// A key whose earlier session is still being torn down stays taken until
-    /// that ends: the create waits for it (at most [`TEARDOWN_WAIT`], then
-    /// `session_exists`). The session is reachable only once its workspace is
-    /// mounted; the work runs in a task of its own, so a caller that goes away
-    /// midway cannot leave the key reserved.
-    pub async fn create(
-        self: &Arc<Self>,
-        id: Option<String>,
-        policy: Option<&str>,
-        mode: Mode,
-        ttl_s: Option<u64>,
-        owner: Option<&str>,
-    ) -> Result<SessionInfo, Error> {
-        let policy = self.policy(policy)?;
-        // Caller-chosen ids are plain ids in every space: none names another tenant's.
-        let id = match id {
-            Some(id) => {
-                validate_id(&id)?;
-                id
-            }
-            None => new_id(),
-        };
-        let key = key(&id, owner)?;
-        if let Some(ttl) = ttl_s {
-            if ttl == 0 || ttl > 30 * 86400 {
-                return Err(Error::InvalidTtl);
-            }
-        }
-        let deadline = tokio::time::Instant::now() + TEARDOWN_WAIT;
-        let info = loop {
-            let torn_down = self.idle.notified();
-            if let Some(info) = self.reserve(&key, &id, &policy, mode, ttl_s, owner)? {
-                break info;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Error::Exists(id));
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(1), torn_down).await;
-        };
-        let this = self.clone();
-        let made = tokio::spawn(async move { this.make_workspace(&key, &info, &policy).await.map(|()| info) }).await;
-        let info = made.map_err(|e| Error::Workspace(std::io::Error::other(e)))??;
-        Ok(shown(&info, false, owner))
-    }
-
-    /// Make and mount the workspace of the reserved `key`, then make it ready;
-    /// on failure, remove what was made and free the key.
-    async fn make_workspace(&self, key: &str, info: &SessionInfo, policy: &Policy) -> Result<(), Error> {
-        let dir = self.session_dir(key);
-        if dir.exists() {
-            // What a failed teardown left of an earlier session of this key: the
-            // key is ours now, so nothing else uses it.
-            tracing::warn!(session_id = %key, "removing what an earlier session of this id left");
-            let _ = storage::unmount(&dir).await;
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        let made = async {
-            std::fs::create_dir_all(&dir)?;
-            storage::restrict_dir(&dir, info.uid)?;
-            storage::create(&dir, policy.workspace_bytes(), info.uid).await
-        }
-        .await;
-        if let Err(e) = made {
-            let _ = storage::unmount(&dir).await;
-            let _ = std::fs::remove_dir_all(&dir);
-            self.lock().remove(key);
-            self.idle.notify_waiters();
-            return Err(Error::Workspace(e));
-        }
-        self.persist(info);
-        if let Some(live) = self.lock().get_mut(key) {
-            live.phase = Phase::Ready;
-        }
-        tracing::info!(session_id = %key, policy = %info.policy, "session created");
-        Ok(())
-    }
-
-    /// Check the limits and reserve `key` with its host uid, under the lock.
-    /// `None`: the key's earlier session is still being torn down.
-    fn reserve(
-        &self,
-        key: &str,
-        id: &str,
-        policy: &Policy,
-        mode: Mode,
-        ttl_s: Option<u64>,
-        owner: Option<&str>,
-    ) -> Result<Option<SessionInfo>, Error> {
-        let mut map = self.lock();
-        match map.get(key).map(|l| l.phase) {
-            Some(Phase::Closing) => return Ok(None),
-            Some(_) => return Err(Error::Exists(id.to_string())),
-            None => {}
-        }
-        // Sessions being torn down are going: they count for no limit, but their
-        // uids stay taken until their processes are gone.
-        let counted = || map.values().filter(|l| l.phase != Phase::Closing);
-        if let Some(o) = owner {
-            let held = counted().filter(|l| l.info.owner.as_deref() == Some(o)).count();
-            if held >= self.token_max_sessions {
-                return Err(Error::TokenMaxSessions(self.token_max_sessions));
-            }
-        }
-        if counted().count() >= self.max_sessions {
-            return Err(Error::MaxSessions(self.max_sessions));
-        }
-        self.check_storage(&map, policy)?;
-        // A uid of the sessions' range no session holds, a closing one included
-        // (its processes may still run as it): never one of the pool's.
-        let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
-        let uid =
-            crate::uids::free(self.uid_range(), |u| used.contains(&u)).ok_or(Error::MaxSessions(self.max_sessions))?;
-        let now = SystemTime::now();
-        let info = SessionInfo {
-            id: id.to_string(),
-            mode,
-            policy: policy.name.clone(),
-            created_at: rfc3339(now),
-            last_used_at: rfc3339(now),
-            ttl_s: ttl_s.unwrap_or(self.default_ttl_s),
-            owner: owner.map(str::to_string),
-            uid,
-            busy: false,
-        };
-        // Reserved, unreachable by any route until its workspace is mounted.
-        map.insert(key.to_string(), Live::new(info.clone(), now, Phase::Creating));
-        Ok(Some(info))
-    }
-
-    /// Refuse a new session of `policy` when the state directory's filesystem could
-    /// not hold every session's workspace filled up (images are sparse: each can
-    /// still grow by its size less what it already takes), this one included, with
-    /// each session's run records ([`crate::records::RESERVE`]).
-    fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
-        // A filesystem that cannot say (or a failure to ask) refuses nothing.
-        let Ok(fs) = nix::sys::statvfs::statvfs(&self.dir) else { return Ok(()) };
-        let free = fs.blocks_available().saturating_mul(fs.fragment_size());
-        let per_session = crate::records::RESERVE;
-        let held: u64 = map
-            .iter()
-            .filter(|(_, l)| l.phase != Phase::Closing)
-            .map(|(key, l)| {
-                // The image's own size (its policy may have changed since it was
-                // made), less what it already takes; one not made yet, its policy's.
-                let room = match std::fs::metadata(self.session_dir(key).join(storage::IMAGE)) {
-                    Ok(m) => m.len().saturating_sub(std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512)),
-                    Err(_) => self.policies.get(&l.info.policy).map(|p| p.workspace_bytes()).unwrap_or(0),
-                };
-                room.saturating_add(per_session)
-            })
-            .sum();
-        let wanted = policy.workspace_bytes().saturating_add(per_session);
-        if held.saturating_add(wanted) > free {
-            const MIB: u64 = 1024 * 1024;
-            return Err(Error::InsufficientStorage {
-                free_mb: free / MIB,
-                held_mb: held.div_ceil(MIB),
-                wanted_mb: wanted.div_ceil(MIB),
-                policy: policy.name.clone(),
-            });
-        }
-        Ok(())
     }
 
     pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, Error> {
@@ -658,7 +583,9 @@ impl Manager {
         let (tx, rx) = watch::channel(false);
         live.busy = true;
         live.cancel = Some(tx);
+        let epoch = live.epoch;
         Ok(Lease {
+            epoch,
             manager: self.clone(),
             id: key.clone(),
             public_id: id.to_string(),
@@ -685,82 +612,6 @@ impl Manager {
         self.check_runs(&self.lock(), owner)
     }
 
-    /// Close a session: kill its run, if any, and remove its files.
-    ///
-    /// From the moment it begins, the session is unreachable (`session_not_found`)
-    /// while its key stays taken until the teardown ends (see [`Manager::create`]).
-    /// The teardown runs in a task of its own: a caller that goes away midway
-    /// cannot leave it half done.
-    pub async fn close(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<(), Error> {
-        let key = key(id, owner)?;
-        {
-            let mut map = self.lock();
-            let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
-            live.phase = Phase::Closing;
-            live.closing.store(true, Ordering::SeqCst);
-            if let Some(cancel) = &live.cancel {
-                let _ = cancel.send(true);
-            }
-        }
-        let this = self.clone();
-        if let Err(e) = tokio::spawn(async move { this.teardown(&key).await }).await {
-            tracing::error!(session_id = %id, error = %e, "the session's teardown failed");
-        }
-        Ok(())
-    }
-
-    /// Tear down the session `key` (already `Closing`): wait for its run (told to
-    /// die) and its file operations to end, stop its kernel, unmount and remove
-    /// its workspace, then free the key.
-    async fn teardown(&self, key: &str) {
-        loop {
-            let notified = self.idle.notified();
-            {
-                let map = self.lock();
-                let Some(live) = map.get(key) else { return };
-                if !live.busy && live.users == 0 {
-                    break;
-                }
-                if let Some(cancel) = &live.cancel {
-                    let _ = cancel.send(true);
-                }
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
-        }
-        self.kernels.stop(key).await;
-        let dir = self.session_dir(key);
-        if let Err(e) = storage::unmount(&dir).await {
-            tracing::warn!(session_id = %key, error = %e, "could not unmount the session's workspace");
-        }
-        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
-        if let Ok(Err(e)) = removed {
-            tracing::warn!(session_id = %key, error = %e, "could not remove the session's files");
-        }
-        self.lock().remove(key);
-        self.idle.notify_waiters();
-        tracing::info!(session_id = %key, "session closed");
-    }
-
-    /// Close idle sessions past their TTL; never a busy one.
-    pub async fn reap_expired(self: &Arc<Self>) {
-        let now = SystemTime::now();
-        let expired: Vec<String> = self
-            .lock()
-            .values()
-            .filter(|l| {
-                l.phase == Phase::Ready
-                    && !l.busy
-                    && l.users == 0
-                    && now.duration_since(l.last_used).unwrap_or_default() > Duration::from_secs(l.info.ttl_s)
-            })
-            .map(|l| key_of(&l.info))
-            .collect();
-        for id in expired {
-            tracing::info!(session_id = %id, "session expired");
-            let _ = self.close(&id, None).await;
-        }
-    }
-
     /// Kill the run in flight in session `id`, if any. Returns whether one was.
     pub fn cancel_run(&self, id: &str, owner: Option<&str>) -> Result<bool, Error> {
         let key = key(id, owner)?;
@@ -783,88 +634,9 @@ impl Manager {
         self.lock().values().filter(|l| l.busy).count()
     }
 
-    /// Take back the sessions an earlier instance left (mounting their workspaces),
-    /// and remove expired ones and any mount that belongs to no session.
-    pub async fn recover(&self) -> usize {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
-        let now = SystemTime::now();
-        let mut taken = 0;
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let info: Option<SessionInfo> =
-                std::fs::read(path.join("session.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-            // A session is kept only in the directory named by its key.
-            let info = info.filter(|i| {
-                validate_id(&i.id).is_ok()
-                    && i.owner.as_deref().is_none_or(|o| o.len() == 32 && o.bytes().all(|b| b.is_ascii_hexdigit()))
-                    && path.file_name() == Some(std::ffi::OsStr::new(&key_of(i)))
-            });
-            let keep = info.filter(|i| {
-                let last_used = humantime::parse_rfc3339(&i.last_used_at).unwrap_or(UNIX_EPOCH);
-                now.duration_since(last_used).unwrap_or_default() <= Duration::from_secs(i.ttl_s)
-                    && self.policies.contains_key(&i.policy)
-            });
-            let mounted = match &keep {
-                Some(i) => match storage::mount(&path).await {
-                    // An earlier version left wider modes: fix them before serving.
-                    Ok(()) => storage::restrict(&path, i.uid),
-                    Err(e) => Err(e),
-                },
-                None => Err(std::io::Error::other("expired or invalid")),
-            };
-            match (keep, mounted) {
-                (Some(info), Ok(())) => {
-                    let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
-                    // Runs the earlier daemon had going ended with it.
-                    let records = Records::of(&path);
-                    match records.interrupt_running() {
-                        Ok(0) => {}
-                        Ok(n) => {
-                            tracing::info!(session_id = %key_of(&info), runs = n, "runs cut off by the earlier daemon's end are marked interrupted")
-                        }
-                        Err(e) => {
-                            tracing::warn!(session_id = %key_of(&info), error = %e, "could not mark the session's interrupted runs")
-                        }
-                    }
-                    let mut live = Live::new(info, last_used, Phase::Ready);
-                    // A kernel session whose kernel ever started had variables: gone.
-                    live.kernel_lost = live.info.mode == Mode::Kernel && path.join(KERNEL_STARTED).exists();
-                    self.lock().insert(key_of(&live.info), live);
-                    taken += 1;
-                }
-                (_, result) => {
-                    if let Err(e) = result {
-                        tracing::info!(path = %path.display(), reason = %e, "removing a session left by an earlier run");
-                    }
-                    let _ = storage::unmount(&path).await;
-                    let _ = std::fs::remove_dir_all(&path);
-                }
-            }
-        }
-        for stray in storage::mounted_below(&self.dir) {
-            if let Some(session) = stray.parent() {
-                let known = session.file_name().and_then(|n| n.to_str()).is_some_and(|id| self.lock().contains_key(id));
-                if !known {
-                    let _ = storage::unmount(session).await;
-                }
-            }
-        }
-        taken
-    }
-
     /// End every kernel (daemon shutdown).
     pub async fn stop_kernels(&self) {
         self.kernels.stop_all().await;
-    }
-
-    /// Unmount every workspace (daemon shutdown); their files stay in the images.
-    pub async fn unmount_all(&self) {
-        let ids: Vec<String> = self.lock().keys().cloned().collect();
-        for id in ids {
-            if let Err(e) = storage::unmount(&self.session_dir(&id)).await {
-                tracing::warn!(session_id = %id, error = %e, "could not unmount a workspace");
-            }
-        }
     }
 }
 

@@ -103,6 +103,7 @@ pub async fn list(
 pub async fn download(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
+    conn: Option<Extension<crate::serve::Connection>>,
     FileRoute { id, path }: FileRoute,
 ) -> Result<Response, ApiError> {
     let opened = state.service.open_file(&caller, &id, &path)?;
@@ -110,6 +111,12 @@ pub async fn download(
         tokio::fs::File::from_std(opened.file),
         256 * 1024,
     ));
+    // The open file pins the workspace: the body holds its session until it is
+    // sent or dropped, and the session's teardown cuts it (and its connection).
+    let body = match opened.hold {
+        Some(hold) => super::hold::held(body, hold.for_body(), conn.map(|Extension(c)| c)),
+        None => body,
+    };
     Ok((
         [
             (header::CONTENT_TYPE, opened.mime_type),
@@ -171,10 +178,10 @@ pub async fn upload(
                 ))
             }
         };
-        Ok(state.service.create_file(&caller, &id, &path, overwrite)?)
+        Ok((state.service.create_file(&caller, &id, &path, overwrite)?, id))
     })();
-    let mut upload = match opened {
-        Ok(upload) => upload,
+    let (mut upload, id) = match opened {
+        Ok(opened) => opened,
         Err(e) => {
             // Refused before its body was read (a bad path, no such session, a file
             // that may not be written): read the body away (bounded) so that the
@@ -185,8 +192,20 @@ pub async fn upload(
         }
     };
     let mut stream = body.into_data_stream();
+    // The session's teardown stops an upload at once, even one whose body stalled.
+    let closed = upload.closed();
     let result: Result<(), ApiError> = async {
-        while let Some(chunk) = stream.next().await {
+        loop {
+            let next = match &closed {
+                Some(cut) => tokio::select! {
+                    next = stream.next() => next,
+                    () = cut.cancelled() => {
+                        return Err(ApiError::from(service::Error::from(crate::session::Error::NotFound(id.clone()))));
+                    }
+                },
+                None => stream.next().await,
+            };
+            let Some(chunk) = next else { break };
             // A stalled upload is a 408 `request_timeout`; nothing of it is kept.
             let chunk = chunk.map_err(|e| {
                 super::body_read_error(e, || ApiError::new(Code::UploadTooLarge, "the upload is too large"))

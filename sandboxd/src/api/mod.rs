@@ -1,7 +1,9 @@
 //! The v1 API: one router, served on the Unix socket and on loopback HTTP.
 //!
-//! A request's path: [`surface::guard`] refuses foreign hosts and origins and
-//! non-JSON bodies and times the body, [`auth`] decides who the caller is, a handler in [`runs`],
+//! A request's path: [`crate::serve`] gives its connection a place and a write
+//! timeout, [`surface::guard`] refuses foreign hosts and origins and
+//! non-JSON bodies and times the body, [`auth`] decides who the caller is
+//! ([`tokens`]) and claims the connection for it, a handler in [`runs`],
 //! [`sessions`] or [`files`] reads the input and calls [`crate::service`], which
 //! runs the code through [`crate::run`] and [`crate::isolate`]. The MCP tools
 //! ([`mcp`], at `/mcp`) call the same service. Every error is an
@@ -9,6 +11,7 @@
 
 pub mod error;
 pub mod files;
+mod hold;
 pub mod mcp;
 pub mod openapi;
 pub mod runs;
@@ -16,6 +19,9 @@ pub mod sessions;
 pub mod surface;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_holds;
+pub mod tokens;
 
 use crate::service::Operations;
 use axum::extract::{Request, State};
@@ -26,8 +32,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::{ApiError, Code};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
+pub use tokens::{Role, Tokens, Who};
 
 /// Which listener a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +49,8 @@ pub enum Listener {
 pub struct AppState {
     /// The operations every handler and MCP tool calls.
     pub service: Arc<dyn Operations>,
-    /// sha256 of each configured token, hex.
-    pub token_hashes: Vec<String>,
+    /// The configured tokens (tenants' and operators'), by keyed owner id.
+    pub tokens: Tokens,
     pub version: &'static str,
     pub rootfs_sha256: String,
     pub landlock_abi: i32,
@@ -57,10 +63,6 @@ pub struct AppState {
 pub type Shared = Arc<AppState>;
 
 pub use crate::service::Caller;
-
-pub fn token_hash(token: &str) -> String {
-    crate::rootfs::hex(&Sha256::digest(token.as_bytes()))[..32].to_string()
-}
 
 /// MCP over streamable HTTP: the tools call the service in-process, as the caller
 /// the [`auth`] layer found for each request. Protocol sessions are held within
@@ -121,10 +123,11 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
 }
 
 /// The router of the `metrics_listen` address: `GET /metrics` alone, without a
-/// token (the surface guard still checks `Host`).
+/// token (the surface guard still checks `Host`): the operator chose to expose it.
 pub fn metrics_router(state: Shared, surface: surface::Surface) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
+        .layer(axum::Extension(Who::Tokenless))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(Arc::new(surface), surface::guard))
@@ -132,85 +135,140 @@ pub fn metrics_router(state: Shared, surface: surface::Surface) -> Router {
 }
 
 /// `GET /metrics`: the daemon's counters in the Prometheus text format.
-#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "daemon", responses((status = 200, content_type = "text/plain", body = String, description = "The Prometheus text format (0.0.4): `sandboxd_runs_total{status,language,mode}`, the `sandboxd_run_queue_wait_seconds`, `sandboxd_run_setup_seconds` and `sandboxd_run_execution_seconds` histograms by mode, `sandboxd_pool_idle_templates{policy}`, `sandboxd_pool_hits_total`, `sandboxd_pool_misses_total`, `sandboxd_sessions{mode}`, `sandboxd_oom_kills_total`, `sandboxd_timeouts_total` and `sandboxd_api_errors_total{code}`. With `tokens`, HTTP needs one (or use the `metrics_listen` address, which serves this route alone without a token)")))]
-pub async fn metrics(State(state): State<Shared>) -> Response {
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "daemon", responses((status = 200, content_type = "text/plain", body = String, description = "The Prometheus text format (0.0.4): `sandboxd_runs_total{status,language,mode}`, the `sandboxd_run_queue_wait_seconds`, `sandboxd_run_setup_seconds` and `sandboxd_run_execution_seconds` histograms by mode, `sandboxd_pool_idle_templates{policy}`, `sandboxd_pool_hits_total`, `sandboxd_pool_misses_total`, `sandboxd_sessions{mode}`, `sandboxd_oom_kills_total`, `sandboxd_timeouts_total` and `sandboxd_api_errors_total{code}`: figures of every tenant. With tokens configured, only an operator token (`operator_tokens`) reads them (another token: 403 `forbidden`), or the Unix socket without a token, or the `metrics_listen` address, which serves this route alone without a token")))]
+pub async fn metrics(State(state): State<Shared>, axum::Extension(who): axum::Extension<Who>) -> Response {
+    if !who.is_operator() {
+        return ApiError::new(
+            Code::Forbidden,
+            "GET /metrics shows every tenant's figures: it needs an operator token (the daemon's `operator_tokens`), or the Unix socket, or the `metrics_listen` address",
+        )
+        .into_response();
+    }
     let text = crate::metrics::global().render(&state.service.metrics_live());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
+/// Who the caller is ([`Tokens::who`]): a request without a known token where
+/// one is needed is refused 401 (its body taken in first, so a kept-alive
+/// connection stays usable); else the connection is claimed for the caller
+/// ([`crate::serve::Connection::claim`]: 429 `max_connections`, and the
+/// connection closed, past the token's share), and the handler sees the
+/// [`Caller`] and [`Who`].
 async fn auth(State((state, listener)): State<(Shared, Listener)>, mut req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| token_hash(t.trim()));
-    let owner = if state.token_hashes.is_empty() {
-        None
-    } else {
-        match (presented, listener) {
-            (Some(h), _) if state.token_hashes.contains(&h) => Some(h),
-            (None, Listener::Unix) => None,
-            _ => {
-                return ApiError::new(Code::Unauthorized, "missing or unknown bearer token: send `Authorization: Bearer <token>` with a token from the daemon's `tokens` setting").into_response();
-            }
+    let who = match state.tokens.who(listener, req.headers()) {
+        Ok(who) => who,
+        Err(tokens::Unknown) => {
+            let e = ApiError::new(
+                Code::Unauthorized,
+                "missing or unknown bearer token: send `Authorization: Bearer <token>` with a token from the daemon's `tokens` (or `operator_tokens`) setting",
+            );
+            return surface::refuse(req, e.into_response()).await;
         }
     };
-    req.extensions_mut().insert(Caller { owner });
+    if let Some(conn) = req.extensions().get::<crate::serve::Connection>() {
+        if let Err(full) = conn.claim(who.owner()) {
+            let e = ApiError::new(
+                Code::MaxConnections,
+                format!(
+                    "this token already has its maximum of {} connections open (token_max_connections): reuse them (keep-alive), or close some, then retry",
+                    full.per_token
+                ),
+            );
+            let mut answer = e.into_response();
+            answer.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+            return surface::refuse(req, answer).await;
+        }
+    }
+    req.extensions_mut().insert(Caller { owner: who.owner().map(str::to_string) });
+    req.extensions_mut().insert(who);
     next.run(req).await
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::new(
+async fn method_not_allowed(req: Request) -> Response {
+    let e = ApiError::new(
         Code::MethodNotAllowed,
         format!(
             "{} is not a method of {}: see GET /v1/openapi.json for the methods each route takes",
             req.method(),
             req.uri().path()
         ),
-    )
+    );
+    surface::refuse(req, e.into_response()).await
 }
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError::new(
+async fn not_found(req: Request) -> Response {
+    let e = ApiError::new(
         Code::NotFound,
         format!("no route {} {}: see GET /v1/openapi.json for the API", req.method(), req.uri().path()),
-    )
+    );
+    surface::refuse(req, e.into_response()).await
 }
 
+/// The health report. Every field but `status` and `version` is left out for a
+/// caller without a known token when the daemon has tokens (over HTTP): they
+/// show the host (cgroup paths, the rootfs) and every tenant's counts.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Health {
     /// `ok`, or `degraded` when `problems` lists something; `draining` while the
     /// daemon stops (every other route answers 503 `unavailable` then).
     #[schema(example = "ok")]
     pub status: &'static str,
-    /// What is degraded now and what to do (empty when `ok`); see [`crate::health`].
-    pub problems: Vec<crate::health::Problem>,
     pub version: &'static str,
-    pub rootfs_sha256: String,
-    pub cgroup: String,
-    pub landlock_abi: i32,
-    pub sessions: usize,
-    pub busy_sessions: usize,
+    /// What is degraded now and what to do (empty when `ok`); see [`crate::health`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub problems: Option<Vec<crate::health::Problem>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub rootfs_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cgroup: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub landlock_abi: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub sessions: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub busy_sessions: Option<usize>,
     /// Template interpreters for one-shot Python runs.
-    pub pool: crate::pool::Stats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub pool: Option<crate::pool::Stats>,
 }
 
-#[utoipa::path(get, path = "/v1/health", operation_id = "health", tag = "daemon", responses((status = 200, body = Health, description = "`status` is `ok`, or `degraded` with `problems` naming each thing that is wrong now (the rootfs not mounted, the run cgroup directories gone, a policy's pooled sandboxes failing to start, a host check item failing) and what to do")))]
-pub async fn health(State(state): State<Shared>) -> Json<Health> {
+#[utoipa::path(get, path = "/v1/health", operation_id = "health", tag = "daemon", responses((status = 200, body = Health, description = "`status` is `ok`, or `degraded` with `problems` naming each thing that is wrong now (the rootfs not mounted, the run cgroup directories gone, a policy's pooled sandboxes failing to start, a host check item failing) and what to do. With tokens configured, a request over HTTP without a known token gets `status` and `version` only; any token (or the Unix socket) gets the whole report")))]
+pub async fn health(
+    State(state): State<Shared>,
+    axum::Extension(listener): axum::Extension<Listener>,
+    headers: axum::http::HeaderMap,
+) -> Json<Health> {
     let now = state.service.condition().await;
-    Json(Health {
-        // Stopping: the listeners answer only this route until the runs end.
-        status: if state.shutdown.is_cancelled() { "draining" } else { crate::health::status(&now.problems) },
-        problems: now.problems,
+    // Stopping: the listeners answer only this route until the runs end.
+    let status = if state.shutdown.is_cancelled() { "draining" } else { crate::health::status(&now.problems) };
+    let mut health = Health {
+        status,
         version: state.version,
-        rootfs_sha256: state.rootfs_sha256.clone(),
-        cgroup: now.cgroup,
-        landlock_abi: state.landlock_abi,
-        sessions: now.sessions,
-        busy_sessions: now.busy_sessions,
-        pool: now.pool,
-    })
+        problems: None,
+        rootfs_sha256: None,
+        cgroup: None,
+        landlock_abi: None,
+        sessions: None,
+        busy_sessions: None,
+        pool: None,
+    };
+    if state.tokens.who(listener, &headers).is_ok() {
+        health.problems = Some(now.problems);
+        health.rootfs_sha256 = Some(state.rootfs_sha256.clone());
+        health.cgroup = Some(now.cgroup);
+        health.landlock_abi = Some(state.landlock_abi);
+        health.sessions = Some(now.sessions);
+        health.busy_sessions = Some(now.busy_sessions);
+        health.pool = Some(now.pool);
+    }
+    Json(health)
 }
 
 /// Read a JSON body of at most `limit` bytes into `T`, with errors that say what

@@ -17,7 +17,7 @@ use utoipa::OpenApi;
 #[openapi(
     info(
         title = "sandboxd",
-        description = "Run untrusted Python in native Linux sandboxes. Every POST takes a JSON object sent with `Content-Type: application/json` (else 415 `unsupported_media_type`). Over HTTP, a `Host` the daemon does not serve or a foreign `Origin` is refused with 403 `forbidden`. A body that stalls, or a JSON body slower than `body_timeout_s`, gets 408 `request_timeout`. A method a route does not take gets 405 `method_not_allowed` with `Allow`. With tokens, each token has its own session id space and quotas (429 `max_sessions`, `max_runs`). Every error is `{\"error\":{\"code\",\"message\"}}`, the message saying what to do."
+        description = "Run untrusted Python in native Linux sandboxes. Every POST takes a JSON object sent with `Content-Type: application/json` (else 415 `unsupported_media_type`). Over HTTP, a `Host` the daemon does not serve or a foreign `Origin` is refused with 403 `forbidden`. A body that stalls, or a JSON body slower than `body_timeout_s`, gets 408 `request_timeout`. A method a route does not take gets 405 `method_not_allowed` with `Allow`. A request with more than one `Host` header gets 400 `invalid_request`. A response whose client takes no bytes for `send_timeout_s` loses its connection. With tokens, each token has its own session id space and quotas (429 `max_sessions`, `max_runs`, `max_connections`); `GET /v1/health` without a token says only `status` and `version`, and `GET /metrics` needs an operator token. Every error is `{\"error\":{\"code\",\"message\"}}`, the message saying what to do."
     ),
     paths(
         super::health,
@@ -56,15 +56,15 @@ pub const SESSION_ID_PATTERN: &str = r"^([0-9a-f]{16}\.)?[A-Za-z0-9_-]{1,64}$";
 /// What each error status means, for the document.
 fn error_description(status: u16) -> &'static str {
     match status {
-        400 => "`invalid_request` (a body that is not a JSON object of the documented fields, a bad value), `invalid_session_id`, `invalid_path` or `policy_not_found`: the message says what to change",
+        400 => "`invalid_request` (a body that is not a JSON object of the documented fields, a bad value, more than one `Host` header), `invalid_session_id`, `invalid_path` or `policy_not_found`: the message says what to change",
         401 => "`unauthorized`: tokens are configured and the request has no `Authorization: Bearer <token>` with one of them",
-        403 => "`forbidden`: over HTTP, a `Host` the daemon does not serve, or a foreign `Origin`",
+        403 => "`forbidden`: over HTTP, a `Host` the daemon does not serve, or a foreign `Origin`; `GET /metrics` with a token that is not an operator token",
         404 => "`session_not_found` (closed, expired, never made, or another token's), `run_not_found` (a run the session does not keep) or `not_found` (no such file)",
         408 => "`request_timeout`: the body stalled, or a JSON body did not arrive within `body_timeout_s`",
         409 => "`session_busy` (a run is going on in it), `session_exists`, `file_exists` (pass `overwrite=true`) or `file_busy` (a lease or lock from the session's code)",
         413 => "`code_too_large` (more code than the policy's `code_kb`), `upload_too_large` (more than `upload_mb`, or the workspace is full)",
         415 => "`unsupported_media_type`: a JSON body without `Content-Type: application/json`",
-        429 => "`max_sessions` (the daemon's or the token's sessions are all taken), `max_runs` (the token's runs at once) or `max_listings` (the token's listings walked or sent at once: read or close them first)",
+        429 => "`max_sessions` (the daemon's or the token's sessions are all taken, those still being closed included), `max_runs` (the token's runs at once), `max_listings` (the token's listings walked or sent at once: read or close them first) or `max_connections` (the token's connections at once: this connection is closed after the answer)",
         500 => "`internal`: a host failure; the daemon log has the cause",
         503 => "`unavailable`: the daemon is shutting down, or (a listing) walking or sending its most listings at once; retry after `Retry-After`",
         507 => "`insufficient_storage`: the state directory's filesystem could not hold every session's workspace filled up, a new one included; close sessions, free disk space or use a policy with a smaller `workspace_mb`",
@@ -72,9 +72,10 @@ fn error_description(status: u16) -> &'static str {
     }
 }
 
-/// The error statuses each operation can answer, beyond 403 (every HTTP request)
-/// and 500: what its handler, the auth layer (401) and the surface guard (415 and
-/// 408 for bodies) can refuse it with.
+/// The error statuses each operation can answer, beyond 400 (more than one
+/// `Host`), 403 (every HTTP request) and 500, and 429 `max_connections` wherever
+/// 401 is: what its handler, the auth layer (401, 429) and the surface guard (415
+/// and 408 for bodies) can refuse it with.
 pub const ERRORS: &[(&str, &[u16])] = &[
     ("health", &[]),
     ("metrics", &[401]),
@@ -181,7 +182,8 @@ pub fn document_for(limits: &Limits) -> Value {
             let op_id = op["operationId"].as_str().unwrap_or_default().to_string();
             let own = ERRORS.iter().find(|(id, _)| *id == op_id).map(|(_, s)| *s).unwrap_or(&[]);
             let responses = obj(&mut op["responses"]);
-            for status in own.iter().copied().chain([403, 500]) {
+            let authed = own.contains(&401).then_some(429);
+            for status in own.iter().copied().chain([400, 403, 500]).chain(authed) {
                 responses.insert(
                     status.to_string(),
                     json!({"description": error_description(status), "content": {"application/json": {"schema": error_ref}}}),
@@ -328,9 +330,9 @@ mod tests {
         let doc = doc();
         for (path, method, op) in operations(&doc) {
             let responses = op["responses"].as_object().unwrap();
-            let mut want: BTreeSet<u16> = [403, 500].into();
+            let mut want: BTreeSet<u16> = [400, 403, 500].into();
             if path != "/v1/health" {
-                want.insert(401);
+                want.extend([401, 429]);
             }
             if method == "post" {
                 want.extend([400, 408, 415]);
@@ -356,7 +358,14 @@ mod tests {
             }
         }
         let codes = &doc["components"]["schemas"]["Code"]["enum"];
-        for code in ["method_not_allowed", "unsupported_media_type", "request_timeout", "forbidden", "max_runs"] {
+        for code in [
+            "method_not_allowed",
+            "unsupported_media_type",
+            "request_timeout",
+            "forbidden",
+            "max_runs",
+            "max_connections",
+        ] {
             assert!(codes.as_array().unwrap().contains(&json!(code)), "{code}");
         }
     }
@@ -544,6 +553,28 @@ mod tests {
         conforms(&doc, &schema("ErrorBody"), &err.body(), "error").unwrap();
         let done = crate::service::Done { status: "deleted".into(), path: Some("a".into()) };
         conforms(&doc, &schema("Done"), &serde_json::to_value(&done).unwrap(), "done").unwrap();
+        // Health, both ways: status and version only (no known token), and whole.
+        let mut health = super::super::Health {
+            status: "ok",
+            version: "1",
+            problems: None,
+            rootfs_sha256: None,
+            cgroup: None,
+            landlock_abi: None,
+            sessions: None,
+            busy_sessions: None,
+            pool: None,
+        };
+        conforms(&doc, &schema("Health"), &serde_json::to_value(&health).unwrap(), "short health").unwrap();
+        health.problems = Some(vec![]);
+        health.rootfs_sha256 = Some("ab".into());
+        health.cgroup = Some("cgroup v2".into());
+        health.landlock_abi = Some(6);
+        health.sessions = Some(2);
+        health.busy_sessions = Some(1);
+        health.pool = Some(crate::pool::Stats::default());
+        conforms(&doc, &schema("Health"), &serde_json::to_value(&health).unwrap(), "health").unwrap();
+        assert_eq!(doc["components"]["schemas"]["Health"]["required"], json!(["status", "version"]));
         // And a script result is not taken for anything else.
         assert!(conforms(&doc, &schema("RunResult"), &json!({"run_id": "r"}), "x").is_err());
         assert!(conforms(&doc, &schema("Policy"), &json!({"nope": 1}), "x").is_err());

@@ -6,8 +6,11 @@
 //! with its port, and the host of `public_url`), and a present `Origin` must be one
 //! of those origins. On both listeners a JSON route's body must be sent as
 //! `application/json` (a browser cannot send that type cross-origin without a
-//! preflight, which the daemon never grants). Every request body is read with an
-//! idle timeout, and a JSON body with a deadline for the whole of it.
+//! preflight, which the daemon never grants). A request must have one `Host`
+//! header at most (two could be read two ways). Every request body is read with an
+//! idle timeout, and a JSON body with a deadline for the whole of it. A request
+//! refused before its handler has its body taken in first ([`refuse`]), so that
+//! its kept-alive connection serves the next request.
 
 use super::error::{ApiError, Code};
 use super::Listener;
@@ -123,8 +126,15 @@ impl Surface {
         bare && parse_origin(value).is_some_and(|o| self.served.contains(&o))
     }
 
-    /// The browser rules (HTTP only).
+    /// One `Host` at most (both listeners), then the browser rules (HTTP only).
     fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let hosts = headers.get_all(header::HOST).iter().count();
+        if hosts > 1 {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                format!("the request has {hosts} `Host` headers: send exactly one (the name and port the daemon is reached by)"),
+            ));
+        }
         if self.listener == Listener::Http {
             let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
             if !self.host_allowed(host) {
@@ -166,7 +176,7 @@ pub async fn json_type(req: Request, next: Next) -> Response {
             ),
         );
         tracing::info!(method = %method, path = %path, code = e.code.as_str(), "request refused at the surface");
-        return e.into_response();
+        return refuse(req, e.into_response()).await;
     }
     next.run(req).await
 }
@@ -217,7 +227,9 @@ fn parse_origin(value: &str) -> Option<Served> {
 }
 
 /// The middleware: refuse what [`Surface::check`] refuses, and give the body its timeouts.
-pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next) -> Response {
+pub async fn guard(State(surface): State<Arc<Surface>>, mut req: Request, next: Next) -> Response {
+    // Which listener: `GET /v1/health` answers by who asks where.
+    req.extensions_mut().insert(surface.listener());
     if let Err(e) = surface.check(req.headers()) {
         tracing::info!(method = %req.method(), path = %req.uri().path(), code = e.code.as_str(), "request refused at the surface");
         return refuse(req, e.into_response()).await;
@@ -249,11 +261,16 @@ pub async fn guard(State(surface): State<Arc<Surface>>, req: Request, next: Next
 const REFUSED_BODY: usize = 1024 * 1024;
 const REFUSED_BODY_WAIT: Duration = Duration::from_secs(1);
 
-/// Answer a request refused before its handler with `answer`, once its body
-/// (up to [`REFUSED_BODY`], for at most [`REFUSED_BODY_WAIT`]) is taken in: a
-/// connection closed on bytes it has not read is reset, and the client loses
-/// the answer (and, kept alive, its next request too).
-async fn refuse(req: Request, answer: Response) -> Response {
+/// Answer a request refused before its handler (here, in `auth`, or by the
+/// router's fallbacks) with `answer`, once its body (up to [`REFUSED_BODY`], for
+/// at most [`REFUSED_BODY_WAIT`]) is taken in: a connection closed on bytes it has
+/// not read is reset, and the client loses the answer (and, kept alive, its next
+/// request too).
+pub(crate) async fn refuse(req: Request, answer: Response) -> Response {
+    // Nothing to keep an anonymous connection for (see `serve::Slots`).
+    if let Some(conn) = req.extensions().get::<crate::serve::Connection>() {
+        conn.refusing();
+    }
     let _ = tokio::time::timeout(REFUSED_BODY_WAIT, axum::body::to_bytes(req.into_body(), REFUSED_BODY)).await;
     answer
 }

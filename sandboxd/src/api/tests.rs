@@ -5,7 +5,7 @@
 //! headers, the envelope). The black-box suite (`tests/`) tests the real daemon.
 
 use super::surface::Surface;
-use super::{router, token_hash, AppState};
+use super::{router, AppState, Tokens};
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::policy::Policy;
 use crate::run::{self, RunRequest, RunResult, Status};
@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-const TOKEN: &str = "secret-token";
+pub(super) const TOKEN: &str = "secret-token";
 
 /// Each file's bytes, by session key and path.
 type Files = Arc<Mutex<BTreeMap<(String, String), Vec<u8>>>>;
@@ -36,12 +36,12 @@ type Files = Arc<Mutex<BTreeMap<(String, String), Vec<u8>>>>;
 /// makes the next operation fail with that error; `calls` counts the operations
 /// that reached it and `owners` records whose they were.
 #[derive(Default)]
-struct Memory {
+pub(super) struct Memory {
     sessions: Mutex<BTreeMap<String, SessionInfo>>,
     files: Files,
     fail: Mutex<Option<service::Error>>,
     calls: Mutex<usize>,
-    owners: Mutex<Vec<Option<String>>>,
+    pub(super) owners: Mutex<Vec<Option<String>>>,
     problems: Vec<crate::health::Problem>,
     /// A run's result is this error instead.
     run_fails: bool,
@@ -58,7 +58,7 @@ impl Memory {
         }
     }
 
-    fn calls(&self) -> usize {
+    pub(super) fn calls(&self) -> usize {
         *self.calls.lock().unwrap()
     }
 
@@ -238,7 +238,13 @@ impl Operations for Memory {
         std::io::Write::write_all(&mut file, &bytes).unwrap();
         std::io::Seek::rewind(&mut file).unwrap();
         let name = rel.file_name().unwrap().to_string_lossy().into_owned();
-        Ok(OpenFile { file, size: bytes.len() as u64, mime_type: crate::artifacts::mime_type(&rel), name: name.into() })
+        Ok(OpenFile {
+            file,
+            size: bytes.len() as u64,
+            mime_type: crate::artifacts::mime_type(&rel),
+            name: name.into(),
+            hold: None,
+        })
     }
     fn create_file(
         &self,
@@ -304,10 +310,21 @@ impl Operations for Memory {
     }
 }
 
-fn state(memory: Arc<Memory>, tokens: &[&str]) -> Arc<AppState> {
+/// The owner key of the router's tests.
+pub(super) fn owner_key() -> crate::owner::OwnerKey {
+    crate::owner::OwnerKey::from_bytes([9; 32])
+}
+
+/// A token's owner id, as the router's tests' daemon keys it.
+pub(super) fn owner_id(token: &str) -> String {
+    owner_key().id(token)
+}
+
+pub(super) fn state_with(memory: Arc<Memory>, tokens: &[&str], operators: &[&str]) -> Arc<AppState> {
+    let list = |ts: &[&str]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>();
     Arc::new(AppState {
         service: memory,
-        token_hashes: tokens.iter().map(|t| token_hash(t)).collect(),
+        tokens: Tokens::new(owner_key(), &list(tokens), &list(operators)),
         version: "test",
         rootfs_sha256: "abc".into(),
         landlock_abi: 6,
@@ -316,44 +333,48 @@ fn state(memory: Arc<Memory>, tokens: &[&str]) -> Arc<AppState> {
     })
 }
 
-fn unix(memory: &Arc<Memory>) -> Router {
+fn state(memory: Arc<Memory>, tokens: &[&str]) -> Arc<AppState> {
+    state_with(memory, tokens, &[])
+}
+
+pub(super) fn unix(memory: &Arc<Memory>) -> Router {
     router(state(memory.clone(), &[]), Surface::unix(Duration::from_secs(5)))
 }
 
-fn http(memory: &Arc<Memory>, tokens: &[&str]) -> Router {
+pub(super) fn http(memory: &Arc<Memory>, tokens: &[&str]) -> Router {
     let surface = Surface::http("127.0.0.1:8181".parse().unwrap(), "", Duration::from_secs(5));
     router(state(memory.clone(), tokens), surface)
 }
 
 /// One request through the router, as hyper would pass it.
-async fn send(app: &Router, req: Request<Body>) -> Response {
+pub(super) async fn send(app: &Router, req: Request<Body>) -> Response {
     use hyper::service::Service as _;
     hyper_util::service::TowerToHyperService::new(app.clone()).call(req).await.unwrap()
 }
 
-fn request(method: Method, uri: &str) -> axum::http::request::Builder {
+pub(super) fn request(method: Method, uri: &str) -> axum::http::request::Builder {
     Request::builder().method(method).uri(uri).header(header::HOST, "localhost:8181")
 }
 
-fn json_request(method: Method, uri: &str, body: Value) -> Request<Body> {
+pub(super) fn json_request(method: Method, uri: &str, body: Value) -> Request<Body> {
     request(method, uri).header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap()
 }
 
-fn empty(method: Method, uri: &str) -> Request<Body> {
+pub(super) fn empty(method: Method, uri: &str) -> Request<Body> {
     request(method, uri).body(Body::empty()).unwrap()
 }
 
-async fn body_of(resp: Response) -> Vec<u8> {
+pub(super) async fn body_of(resp: Response) -> Vec<u8> {
     axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec()
 }
 
-async fn json_of(resp: Response) -> Value {
+pub(super) async fn json_of(resp: Response) -> Value {
     let bytes = body_of(resp).await;
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
 }
 
 /// The status, and the error envelope's code and message (asserting its exact shape).
-async fn error_of(resp: Response) -> (u16, String, String) {
+pub(super) async fn error_of(resp: Response) -> (u16, String, String) {
     let status = resp.status().as_u16();
     let ctype = resp.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string());
     assert_eq!(ctype.as_deref(), Some("application/json"), "status {status}");
@@ -378,8 +399,8 @@ fn error_cases() -> Vec<(service::Error, u16, &'static str)> {
         (session::Error::Exists("s".into()).into(), 409, "session_exists"),
         (session::Error::Busy("s".into()).into(), 409, "session_busy"),
         (session::Error::InvalidTtl.into(), 400, "invalid_request"),
-        (session::Error::TokenMaxSessions(1).into(), 429, "max_sessions"),
-        (session::Error::MaxSessions(1).into(), 429, "max_sessions"),
+        (session::Error::TokenMaxSessions { max: 1, closing: 0 }.into(), 429, "max_sessions"),
+        (session::Error::MaxSessions { max: 1, closing: 2 }.into(), 429, "max_sessions"),
         (session::Error::TokenMaxRuns(1).into(), 429, "max_runs"),
         (
             session::Error::InsufficientStorage { free_mb: 1, held_mb: 2, wanted_mb: 3, policy: "p".into() }.into(),
@@ -580,7 +601,8 @@ async fn tokens_decide_the_caller_the_service_sees() {
     assert_eq!(send(&sock, bearer(&format!(" {TOKEN} "))).await.status(), StatusCode::OK);
     assert_eq!(send(&sock, empty(Method::GET, "/v1/sessions")).await.status(), StatusCode::OK);
     let owners = memory.owners.lock().unwrap().clone();
-    assert_eq!(owners, [Some(token_hash(TOKEN)), Some(token_hash(TOKEN)), None]);
+    assert_eq!(owners, [Some(owner_id(TOKEN)), Some(owner_id(TOKEN)), None]);
+    assert_ne!(owners[0].as_deref(), Some(crate::owner::legacy_id(TOKEN).as_str()));
     assert!(!owners[0].as_deref().unwrap().contains(TOKEN));
 
     // Without tokens configured, a bearer token is ignored: everyone is the one owner.

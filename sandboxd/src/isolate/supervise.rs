@@ -394,6 +394,12 @@ pub async fn drive(
                     if let Some(tx) = started_tx.take() {
                         let _ = tx.send(pid);
                     }
+                    // A cancel (or a timeout without grace) that came before the
+                    // sandbox said who its helper and init are killed nothing: the
+                    // init is known now.
+                    if cancelled || (timed_out && term_sent_at.is_none()) {
+                        kill_all(Some(pid), sandbox.helper_pid);
+                    }
                 }
                 Ok(e) => {
                     tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "program ended");
@@ -479,4 +485,55 @@ pub async fn drive(
         warnings: std::mem::take(&mut sandbox.warnings),
         init_started,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cancel that comes before the helper has said which process is the
+    /// sandbox's init (a DELETE right after a run was accepted) once killed
+    /// nothing, and the run went on to its end.
+    #[tokio::test]
+    async fn a_cancel_before_the_init_is_known_still_kills_it() {
+        let (ours, theirs) = socket_pair().unwrap();
+        let init = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = init.id() as i32;
+        let mut sandbox = Launched {
+            control: Some(Channel::new(ours, HELPER_LINE)),
+            stdout: None,
+            stderr: None,
+            helper_pid: None,
+            init_pid: None,
+            warnings: vec![],
+        };
+        let (cancel_tx, mut cancel) = watch::channel(false);
+        cancel_tx.send(true).unwrap();
+        // The helper's side: the init started; its end is reported once it died
+        // (it stays a zombie of this test until waited for), or after 10 s.
+        let helper = tokio::spawn(async move {
+            theirs.set_nonblocking(true).unwrap();
+            let mut control = Channel::new(tokio::net::UnixStream::from_std(theirs).unwrap(), HELPER_LINE);
+            control.send(&Event::Started { init_pid: pid }).await.unwrap();
+            let dead = || {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+                    .unwrap_or(true)
+            };
+            for _ in 0..100 {
+                if dead() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            control.send(&Event::Signaled { signal: libc::SIGKILL }).await.unwrap();
+        });
+        let bounds =
+            Bounds { id: "r".into(), timeout: Duration::from_secs(60), grace: Duration::ZERO, output_limit: 10 };
+        let ended = drive(&mut sandbox, &bounds, None, &mut cancel, Instant::now(), None, None).await.unwrap();
+        helper.await.unwrap();
+        assert!(ended.cancelled);
+        let status = { init }.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{status:?}");
+    }
 }
