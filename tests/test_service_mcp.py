@@ -131,7 +131,7 @@ def test_tool_descriptions_state_the_loaded_default_policy(fresh_daemon):
         assert 'Limits per run (policy "default", the default): 17 s, 384 MiB memory, 1 CPU, 33 KiB of output per stream.' in run, (transport, run)
         assert "60 s" not in run and "512 MiB" not in run, (transport, run)
         assert "17 s" in tools["run_shell"], (transport, tools["run_shell"])
-        assert "Up to 7 MiB by default." in tools["upload_file"], (transport, tools["upload_file"])
+        assert "Up to 7 MiB by default; a tool call over MCP's HTTP transport carries at most 4 MiB" in tools["upload_file"], (transport, tools["upload_file"])
         assert "(3 MiB by default)" in tools["read_file"], (transport, tools["read_file"])
         assert "30 minutes" not in tools["create_session"], tools["create_session"]
 

@@ -15,9 +15,11 @@ pub(super) fn descriptions(default: Option<&PolicyLimits>) -> [(&'static str, St
         ),
         None => "Limits per run: the session policy's (time, memory, CPU, output per stream).".to_string(),
     };
+    // rmcp refuses an HTTP request body over 4 MiB: the base64 of about 2.9 MiB.
+    let transport = "a tool call over MCP's HTTP transport carries at most 4 MiB (about 2.9 MiB of file): upload bigger files with PUT /v1/sessions/ID/files/PATH";
     let upload = match default {
-        Some(p) => format!("Up to {} MiB by default.", p.upload_mb),
-        None => "Up to the session policy's upload limit.".to_string(),
+        Some(p) => format!("Up to {} MiB by default; {transport}.", p.upload_mb),
+        None => format!("Up to the session policy's upload limit; {transport}."),
     };
     let inline = match default {
         Some(p) => format!("the policy's inline limit ({} MiB by default)", p.mcp_inline_mb),
