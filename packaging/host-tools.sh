@@ -26,6 +26,7 @@ tools=(
 )
 if [ "${1:-}" = "--test" ]; then
   tools+=("python3:python3:runs the black-box test suite (its clients go in a venv: tests/clients.sh)")
+  tools+=("/usr/bin/time:time:measures sandboxctl's peak memory in tests/test_cli.py")
 fi
 
 missing_cmds=()
@@ -87,7 +88,7 @@ other_pkgs() {
     case "$p" in
       mount) out+=(util-linux) ;;
       libseccomp-dev) if [ "${1:-}" = arch ]; then out+=(libseccomp); else out+=(libseccomp-devel); fi ;;
-      coreutils | tar | make | zstd | debootstrap | e2fsprogs | util-linux | python3 | gcc) out+=("$p") ;;
+      coreutils | tar | make | zstd | debootstrap | e2fsprogs | util-linux | python3 | gcc | time) out+=("$p") ;;
       python3-venv) ;; # part of python3 elsewhere
     esac
   done
