@@ -83,6 +83,25 @@ def test_oom_restarts_the_kernel(daemon, kernel):
     assert cell(daemon, sid, "print('alive')")["stdout"] == "alive\n"
 
 
+def test_a_kernel_that_ends_on_its_own_is_reported_as_it_ended_not_as_killed(daemon, kernel):
+    sid = kernel()
+    cell(daemon, sid, "kept = 1")
+    # An exit of the kernel's own (70 is kernel.py's own failure): that exit code, no signal.
+    for code in (70, 3):
+        r = cell(daemon, sid, f"import os\nos._exit({code})")
+        assert (r["status"], r["exit_code"], r["signal"], r["kernel_restarted"]) == ("error", code, None, True), r
+        assert r["stderr"] == (f"sandboxd: the kernel exited with code {code}; "
+                               "the kernel was restarted and its variables are gone\n"), r
+    # A signal it sent itself: that signal.
+    r = cell(daemon, sid, "import os, signal\nos.kill(os.getpid(), signal.SIGUSR1)")
+    assert (r["status"], r["exit_code"], r["signal"], r["kernel_restarted"]) == ("killed", None, "SIGUSR1", True), r
+    assert r["stderr"].endswith("sandboxd: the kernel was killed by SIGUSR1; "
+                                "the kernel was restarted and its variables are gone\n"), r
+    # Each time a new kernel serves the next cell, without the old one's variables.
+    after = cell(daemon, sid, "print('kept' in globals())")
+    assert (after["status"], after["stdout"], after["kernel_restarted"]) == ("ok", "False\n", False), after
+
+
 def test_figures_are_artifacts_of_their_cell(daemon, kernel):
     sid = kernel()
     r = cell(daemon, sid, "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])")

@@ -168,11 +168,11 @@ def test_a_kernels_own_failure_says_why_in_the_cells_stderr(modes):
     run("kept = 1")
     r = run(BREAKS_OS_CLOSE)
     # (Its stdout may or may not have been drained before the kernel exited.)
-    assert r["kernel_restarted"] is True, r
+    assert (r["status"], r["exit_code"], r["signal"], r["kernel_restarted"]) == ("error", 70, None, True), r
     err = r["stderr"]
     assert err.startswith("sandboxd: the kernel failed (exit code 70):\nTraceback"), err
     assert "RuntimeError: os.close taken away by the user's code\n" in err, err
-    assert err.endswith("sandboxd: the kernel died; the kernel was restarted and its variables are gone\n"), err
+    assert err.endswith("sandboxd: the kernel exited with code 70; the kernel was restarted and its variables are gone\n"), err
     after = run("print('kept' in globals())")
     assert (after["stdout"], after["kernel_restarted"]) == ("False\n", False)
 

@@ -13,13 +13,17 @@ own host uid's; each was held, and is now refused or bounded:
 - a state_dir reached through a symlink left its mounts at shutdown and could not
   start again;
 - a `uid_base` could put a session's uid on a host account, whose processes then
-  owned the sandbox's namespaces.
+  owned the sandbox's namespaces;
+- a restart with a lower `uid_base` kept recovered sessions on their old uids and
+  put the pool above them, outside the range the start check looked at: a host
+  group made there in between owned a pooled template's user namespace.
 """
 
 import json
 import os
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -27,13 +31,15 @@ from pathlib import Path
 import pytest
 
 from conftest import new_session
-from harness import Daemon, scratch_dir
+from harness import Daemon, _cmdline, scratch_dir
 from test_pool import pooled_run
 from test_security import PRELUDE
 
 
 def template_uids(d):
-    """Host uids of `d`'s pooled template interpreters (pid 2 of their sandbox)."""
+    """Host uids of `d`'s pooled template interpreters (pid 2 of their sandbox),
+    wherever in the 1024 uids from its uid_base its pool is."""
+    want = ["/opt/py/bin/python", "/opt/sandboxd/runner.py", "--template"]
     uids = set()
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -44,7 +50,8 @@ def template_uids(d):
             uid = int(status.split("Uid:")[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if len(nspid) == 2 and nspid[1] == "2" and d.is_pooled_python(p.name):
+        ours = d.uid_base <= uid < d.uid_base + 1024 and _cmdline(p.name)[:3] == want
+        if len(nspid) == 2 and nspid[1] == "2" and ours:
             uids.add(uid)
     return uids
 
@@ -308,3 +315,43 @@ def test_a_restart_with_fewer_sessions_keeps_the_pool_off_the_recovered_sessions
         assert c.post("/v1/sessions", json={}).status_code == 429
     r = pooled_run(d, "import os; print(os.getuid())", session_id=sids[0])
     assert r["status"] == "ok" and r["stdout"] == "1000\n", r
+
+
+def test_a_restart_with_a_lower_uid_base_checks_every_uid_it_still_uses():
+    """Sessions recovered from an earlier uid_base keep their uids, and the pool
+    moves above the highest of them: a host group on one of those uids makes the
+    start fail naming it, leaving no mount behind; without the group, the pool runs
+    there. (Found by the second adversarial pass: the daemon started, its template
+    running as the group's id.)"""
+    base = scratch_dir("uidmove-")
+    d = Daemon(base / "d", args=["--max-sessions", "2", "--pool-size", "1"])
+    low = d.uid_base
+    d.uid_base = low + 300
+    group = f"sdt{low % 100000 + 301}"
+    try:
+        d.start()
+        with d.http() as c:
+            sid = new_session(c)
+        assert d.session_uid(sid) == low + 300
+        d.stop()
+        # The operator lowers uid_base; meanwhile a host group took the uid just
+        # above the recovered session's (the pool's first, after the restart).
+        subprocess.run(["groupadd", "-g", str(low + 301), group], check=True)
+        d.uid_base = low
+        with pytest.raises(RuntimeError) as refused:
+            d.start()
+        assert "uid range" in str(refused.value), refused.value
+        assert f"host uids {low} to {low + 1}, {low + 300} to {low + 556}" in str(refused.value), refused.value
+        assert f"group {group} ({low + 301})" in str(refused.value), refused.value
+        mounts = Path("/proc/self/mountinfo").read_text()
+        assert str(base) not in mounts, [m for m in mounts.splitlines() if str(base) in m]
+        subprocess.run(["groupdel", group], check=True)
+        d.start()
+        d.wait_pool_ready()
+        assert template_uids(d) == {low + 301}
+        with d.http() as c:
+            assert sid in {s["id"] for s in c.get("/v1/sessions").json()}
+    finally:
+        d.stop()
+        subprocess.run(["groupdel", group], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)

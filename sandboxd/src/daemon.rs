@@ -72,7 +72,6 @@ pub fn run(config: Config) -> Result<(), Error> {
         tracing::warn!(item = %item.name, found = %item.found, fix = %item.fix, "host check");
     }
     report.require()?;
-    crate::check::remember(crate::check::Inputs::of(&config));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(Error::Runtime)?;
     runtime.block_on(serve(config))
 }
@@ -134,11 +133,21 @@ async fn serve_with(
     if recovered > 0 {
         tracing::info!(sessions = recovered, "took back sessions from an earlier run");
     }
+    // The pool's uids: above every session's, a recovered one's included. Those
+    // and the uids recovered sessions keep may lie outside the range checked at
+    // start: no host account may have one either.
+    let held = sessions.uids();
+    let uids = crate::uids::Ranges::new(config.uid_base, config.max_sessions, held.iter().copied().max());
+    let inputs = crate::check::Inputs { uids: uids.spans(held), ..crate::check::Inputs::of(&config) };
+    let uid_check = crate::check::Report::new(vec![crate::check::uid_range_of(&inputs.uids)]);
+    if let Err(e) = uid_check.require() {
+        sessions.unmount_all().await;
+        rootfs.unmount();
+        return Err(e.into());
+    }
     let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
     sandboxes.prewarm();
     let library = if config.pool_size > 0 { pool_library() } else { None };
-    // The pool's uids: above every session's, a recovered one's included.
-    let uids = crate::uids::Ranges::new(config.uid_base, config.max_sessions, sessions.highest_uid());
     let pool = Pool::new(
         sandboxes.clone(),
         library,
@@ -155,7 +164,8 @@ async fn serve_with(
         rootfs: rootfs.path.clone(),
         public_url: config.public_url.clone(),
     };
-    let service = crate::service::Service::new(sessions.clone(), ctx);
+    // `GET /v1/check` and health check the host with the uids found here.
+    let service = crate::service::Service::new(sessions.clone(), ctx, inputs);
     let state = Arc::new(AppState {
         service: Arc::new(service.clone()),
         tokens: api::Tokens::new(owner_key, &config.tokens, &config.operator_tokens),

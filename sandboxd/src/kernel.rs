@@ -24,11 +24,16 @@
 //! line over the limit or one that is not a message ends the kernel: the cell's
 //! result says the kernel broke the protocol and was restarted.
 //!
-//! How a cell ended when the kernel died (timeout, OOM, cancelled) comes from the
-//! daemon's own timer and the cgroup, never from a message. A timeout sends SIGINT
+//! How a cell ended when the kernel died comes from the daemon's own findings (its
+//! timer, a cancel, a protocol violation: [`Cutoff`]), the cgroup (OOM) and, for a
+//! kernel that ended on its own, its sandbox's report of its exit code or signal
+//! (the init's, out of the kernel's reach), never from a message. A timeout sends SIGINT
 //! to the sandbox (the init forwards it), which interrupts the cell and keeps the
 //! state; a cell that ignores it is killed after the grace period, and the kernel is
 //! started afresh next time.
+
+mod cutoff;
+pub use cutoff::Cutoff;
 
 use crate::isolate::channel::{self, Channel};
 use crate::isolate::message::{kernel_source, KernelCell};
@@ -202,18 +207,9 @@ pub enum CellEnd {
     /// The kernel answered; `interrupted` when that took the timeout's SIGINT.
     /// `usage`: what the cell used (see [`isolate::RunUsage`]).
     Done { reply: CellReply, interrupted: bool, usage: isolate::RunUsage },
-    /// The kernel is gone (killed at the timeout, by the OOM killer, on request, or
-    /// for breaking the protocol: `violation` says how). `stdout`/`stderr`: the
-    /// cell's output until then.
-    Died {
-        timed_out: bool,
-        cancelled: bool,
-        violation: Option<String>,
-        outcome: Option<Outcome>,
-        stdout: Kept,
-        stderr: Kept,
-        usage: isolate::RunUsage,
-    },
+    /// The kernel is gone, for the reason `cut` says; `outcome`: how its sandbox
+    /// ended. `stdout`/`stderr`: the cell's output until then.
+    Died { cut: Cutoff, outcome: Option<Outcome>, stdout: Kept, stderr: Kept, usage: isolate::RunUsage },
 }
 
 pub struct Kernel {
@@ -347,9 +343,10 @@ impl Kernel {
         };
         match written {
             Written::Yes => {}
-            Written::Failed => return self.died(state, false, false, None, baseline).await,
-            Written::TimedOut => return self.died(state, true, false, None, baseline).await,
-            Written::Stopped => return self.died(state, false, true, None, baseline).await,
+            // Its socket is closed: the kernel is gone.
+            Written::Failed => return self.died(state, Cutoff::Gone { interrupted: false }, baseline).await,
+            Written::TimedOut => return self.died(state, Cutoff::TimedOut, baseline).await,
+            Written::Stopped => return self.died(state, Cutoff::Stopped, baseline).await,
         }
         let mut interrupted = false;
         loop {
@@ -357,9 +354,9 @@ impl Kernel {
                 line = self.channel.recv::<KernelMessage>() => {
                     let step = match line {
                         Ok(Some(msg)) => state.take(msg).map_err(|e| e.to_string()),
-                        // The kernel is gone (killed, or out of memory).
-                        Ok(None) => return self.died(state, interrupted, false, None, baseline).await,
-                        Err(e) if !e.is_violation() => return self.died(state, interrupted, false, None, baseline).await,
+                        // The kernel is gone (it exited, was killed, or ran out of memory).
+                        Ok(None) => return self.died(state, Cutoff::Gone { interrupted }, baseline).await,
+                        Err(e) if !e.is_violation() => return self.died(state, Cutoff::Gone { interrupted }, baseline).await,
                         Err(e) => Err(e.to_string()),
                     };
                     match step {
@@ -373,35 +370,30 @@ impl Kernel {
                             let usage = self.usage(baseline.as_ref());
                             return (Some(self), CellEnd::Done { reply, interrupted, usage });
                         }
-                        Err(violation) => {
-                            tracing::info!(init_pid = self.init_pid, %violation, "a kernel broke the protocol; it is killed");
-                            return self.died(state, interrupted, false, Some(violation), baseline).await;
+                        Err(what) => {
+                            tracing::info!(init_pid = self.init_pid, violation = %what, "a kernel broke the protocol; it is killed");
+                            return self.died(state, Cutoff::Violation { what, interrupted }, baseline).await;
                         }
                     }
                 }
                 _ = &mut deadline => {
                     if interrupted {
-                        return self.died(state, true, false, None, baseline).await;
+                        return self.died(state, Cutoff::TimedOut, baseline).await;
                     }
                     interrupted = true;
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::SIGINT);
                     deadline.as_mut().reset(tokio::time::Instant::now() + grace);
                 }
-                _ = stop.changed() => return self.died(state, false, true, None, baseline).await,
+                _ = stop.changed() => return self.died(state, Cutoff::Stopped, baseline).await,
             }
         }
     }
 
-    async fn died(
-        self,
-        cell: Cell,
-        timed_out: bool,
-        cancelled: bool,
-        violation: Option<String>,
-        baseline: Option<isolate::Baseline>,
-    ) -> (Option<Kernel>, CellEnd) {
+    /// The kernel is cut off in the middle of `cell`: end it (once it had its
+    /// [`Cutoff::patience`]) and say how the cell ended.
+    async fn died(self, cell: Cell, cut: Cutoff, baseline: Option<isolate::Baseline>) -> (Option<Kernel>, CellEnd) {
         let cgroup = self.cgroup.clone();
-        let outcome = self.stop().await;
+        let outcome = self.end(cut.patience()).await;
         // Read once the kernel's processes are gone (its slot is idle again, or
         // removed: then the figures are null).
         let usage = match (cgroup, baseline) {
@@ -409,7 +401,7 @@ impl Kernel {
             _ => isolate::RunUsage::default(),
         };
         let Cell { stdout, stderr, .. } = cell;
-        (None, CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr, usage })
+        (None, CellEnd::Died { cut, outcome, stdout, stderr, usage })
     }
 
     /// What the cell that began at `baseline` used.
@@ -422,9 +414,21 @@ impl Kernel {
 
     /// End the kernel and its sandbox; returns how the sandbox ended.
     pub async fn stop(self) -> Option<Outcome> {
-        let _ = self.cancel.send(true);
-        drop(self.channel);
-        self.task.await.ok().and_then(|r| r.ok())
+        self.end(Duration::ZERO).await
+    }
+
+    /// End the kernel and its sandbox, once it had `patience` to end on its own;
+    /// returns how the sandbox ended.
+    async fn end(self, patience: Duration) -> Option<Outcome> {
+        let Kernel { channel, cancel, mut task, .. } = self;
+        if !patience.is_zero() {
+            if let Ok(ended) = tokio::time::timeout(patience, &mut task).await {
+                return ended.ok().and_then(|r| r.ok());
+            }
+        }
+        let _ = cancel.send(true);
+        drop(channel);
+        task.await.ok().and_then(|r| r.ok())
     }
 }
 

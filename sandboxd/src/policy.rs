@@ -116,6 +116,9 @@ impl Default for Policy {
 }
 
 const MIB: u64 = 1024 * 1024;
+/// The most `code_kb` a policy may set: the sandbox's spec, which carries the code,
+/// is read with a bound made from it ([`crate::isolate::spec::MAX_SPEC_LINE`]).
+pub const MAX_CODE_KB: u64 = 100 * 1024;
 
 /// `a.b_c.d`: identifiers joined by dots.
 fn is_module_name(name: &str) -> bool {
@@ -171,7 +174,7 @@ impl Policy {
         int("timeout_s", self.timeout_s, 1, 86400)?;
         int("grace_s", self.grace_s, 0, 60)?;
         int("output_kb", self.output_kb, 1, 64 * 1024)?;
-        int("code_kb", self.code_kb, 1, 100 * 1024)?;
+        int("code_kb", self.code_kb, 1, MAX_CODE_KB)?;
         int("upload_mb", self.upload_mb, 1, 64 * 1024)?;
         int("mcp_inline_mb", self.mcp_inline_mb, 1, 1024)?;
         int("tmp_mb", self.tmp_mb, 1, 64 * 1024)?;

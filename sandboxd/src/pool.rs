@@ -10,8 +10,9 @@
 //! under load runs fall back to cold sandboxes rather than wait.
 //!
 //! The protocol with `runner.py --template` is JSON lines, each read bounded and
-//! parsed strictly into the types of [`isolate::fork`]. On the template's stdin
-//! socket: it says `{"ready": {"failed": [modules]}}`; the daemon sends `{"spec"}`
+//! parsed strictly into the types of [`isolate::message`] (a fork's own side is
+//! [`isolate::fork`]). On the template's stdin socket: it says
+//! `{"ready": {"failed": [modules]}}`; the daemon sends `{"spec"}`
 //! with five fds (the library, the run's stdout and stderr, the run's socket, the
 //! run's report channel); the template answers `{"reaped": pid}` when that fork is
 //! gone.
@@ -58,6 +59,29 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 const WAIT_FOR_TEMPLATE: Duration = Duration::from_millis(100);
 /// A run this young in a template counts as "back soon": most runs are short.
 const SHORT_RUN: Duration = Duration::from_millis(50);
+
+/// Why a template could not be made ready. The last one per policy is shown by
+/// `GET /v1/health` ([`Pool::start_errors`]) until a template of it starts.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Its sandbox could not be made.
+    #[error(transparent)]
+    Start(isolate::Error),
+    #[error("its imports took longer than {} s", .0.as_secs())]
+    ImportsTimedOut(Duration),
+    /// It said something that is not a template's message.
+    #[error("it broke the protocol: {0}")]
+    Protocol(isolate::channel::Error),
+    /// Its socket ended (or it said something else) before it said it was ready.
+    #[error("the interpreter ended before it was ready")]
+    EndedBeforeReady,
+    /// The daemon has no `libsandboxd.so` to hand its forks.
+    #[error("no pool library")]
+    NoLibrary,
+    /// It could not fork ahead of its first run.
+    #[error("its first fork failed: {0}")]
+    FirstFork(isolate::Error),
+}
 
 /// Counters and sizes, for `GET /v1/health`.
 #[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
@@ -313,13 +337,13 @@ impl Pool {
     }
 
     /// Have `template` fork ahead of its first run (destroyed if it cannot).
-    async fn prepare(&self, mut template: PooledTemplate, policy: &Policy) -> Result<PooledTemplate, String> {
-        let Some(library) = self.library.as_ref() else { return Err("no pool library".into()) };
+    async fn prepare(&self, mut template: PooledTemplate, policy: &Policy) -> Result<PooledTemplate, Error> {
+        let Some(library) = self.library.as_ref() else { return Err(Error::NoLibrary) };
         match template.prepare(&plan::child_spec(policy), library).await {
             Ok(()) => Ok(template),
             Err(e) => {
                 template.destroy().await;
-                Err(format!("its first fork failed: {e}"))
+                Err(Error::FirstFork(e))
             }
         }
     }
@@ -450,7 +474,7 @@ impl Pool {
                     {
                         let mut st = self.lock();
                         st.failures += 1;
-                        st.start_errors.insert(policy.name.clone(), e.clone());
+                        st.start_errors.insert(policy.name.clone(), e.to_string());
                     }
                     tracing::warn!(policy = %policy.name, error = %e, retry_in_s = backoff.as_secs(), "could not start a pooled sandbox");
                     tokio::select! {
@@ -464,11 +488,10 @@ impl Pool {
     }
 
     /// Start one template and wait until its interpreter has its imports.
-    async fn start(&self, policy: &Policy, uid: crate::uids::Lease) -> Result<PooledTemplate, String> {
+    async fn start(&self, policy: &Policy, uid: crate::uids::Lease) -> Result<PooledTemplate, Error> {
         let spec = plan::template_spec(&self.rootfs, uid.uid, policy);
         let limits = plan::cgroup_limits(policy);
-        let mut template =
-            PooledTemplate::start(&self.sandboxes, &spec, &limits, uid).await.map_err(|e| e.to_string())?;
+        let mut template = PooledTemplate::start(&self.sandboxes, &spec, &limits, uid).await.map_err(Error::Start)?;
         let ready = tokio::select! {
             r = tokio::time::timeout(READY_TIMEOUT, template.next_message()) => r,
             _ = self.stop.cancelled() => Ok(Ok(None)),
@@ -485,9 +508,9 @@ impl Pool {
             other => {
                 template.destroy().await;
                 Err(match other {
-                    Err(_) => format!("its imports took longer than {} s", READY_TIMEOUT.as_secs()),
-                    Ok(Err(e)) => format!("it broke the protocol: {e}"),
-                    Ok(Ok(_)) => "the interpreter ended before it was ready".into(),
+                    Err(_) => Error::ImportsTimedOut(READY_TIMEOUT),
+                    Ok(Err(e)) => Error::Protocol(e),
+                    Ok(Ok(_)) => Error::EndedBeforeReady,
                 })
             }
         }
@@ -505,4 +528,34 @@ pub struct Job<'a> {
     pub code: &'a str,
     pub run_id: &'a str,
     pub autosave: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `GET /v1/health` shows for each (its words are the operator's clue).
+    #[test]
+    fn each_start_error_says_what_went_wrong() {
+        let said = [
+            Error::Start(isolate::Error::NoStatus),
+            Error::ImportsTimedOut(READY_TIMEOUT),
+            Error::Protocol(isolate::channel::Error::TooLong(65536)),
+            Error::EndedBeforeReady,
+            Error::NoLibrary,
+            Error::FirstFork(isolate::Error::Setup { step: "fork".into(), error: "EAGAIN".into() }),
+        ]
+        .map(|e| e.to_string());
+        assert_eq!(
+            said,
+            [
+                "the sandbox helper ended without reporting the program's status",
+                "its imports took longer than 300 s",
+                "it broke the protocol: a line longer than 65536 bytes",
+                "the interpreter ended before it was ready",
+                "no pool library",
+                "its first fork failed: setting up the sandbox failed at fork: EAGAIN",
+            ]
+        );
+    }
 }

@@ -16,6 +16,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+mod death;
+use death::Death;
+
 /// Why a run could not be made; the API edge maps each to its HTTP answer. A
 /// program that fails is not an error: it is a [`RunResult`] with its status.
 #[derive(Debug, thiserror::Error)]
@@ -155,7 +158,7 @@ pub struct Context {
     pub sandboxes: std::sync::Arc<isolate::Sandboxes>,
     /// Sandboxes made ahead of one-shot Python runs.
     pub pool: std::sync::Arc<crate::pool::Pool>,
-    /// The session manager's kernels (kernel-mode sessions).
+    /// The session manager: whether a kernel session had a kernel an earlier daemon lost.
     pub sessions: std::sync::Arc<crate::session::Manager>,
     pub rootfs: PathBuf,
     pub public_url: String,
@@ -427,7 +430,7 @@ async fn execute_cell(
     // the first cell that ran in a new one says so.
     let lost = fresh && ctx.sessions.take_kernel_lost(&lease.id);
     if let Some(k) = kernel {
-        ctx.sessions.kernels.put(&lease.id, k).await;
+        lease.put_kernel(k).await;
     }
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
     let mut result = RunResult {
@@ -468,26 +471,13 @@ async fn execute_cell(
                 kernel_restarted: lost,
             });
         }
-        kernel::CellEnd::Died { timed_out, cancelled, violation, outcome, stdout, stderr, usage } => {
+        kernel::CellEnd::Died { cut, outcome, stdout, stderr, usage } => {
             result.usage = usage;
-            // How it ended comes from the daemon's timer and the cgroup; a protocol
-            // violation is the daemon's own finding.
-            let oom = outcome.as_ref().is_some_and(|o| o.oom_killed);
-            result.status =
-                Ending { timed_out, oom_killed: oom, violation: violation.is_some(), killed: true, succeeded: false }
-                    .status();
-            result.signal = Some(signal_name(libc::SIGKILL));
-            let why = if timed_out {
-                "the cell ignored the interrupt at its time limit and was killed".to_string()
-            } else if oom {
-                "the cell ran out of memory".to_string()
-            } else if let Some(v) = &violation {
-                format!("the kernel broke the protocol ({v}) and was killed")
-            } else if cancelled {
-                "the run was stopped".to_string()
-            } else {
-                "the kernel died".to_string()
-            };
+            let death = Death::of(&cut, outcome.as_ref());
+            result.status = death.status;
+            result.exit_code = death.exit_code;
+            result.signal = death.signal.map(signal_name);
+            let why = death.why;
             result.stdout = stdout.text;
             result.stdout_truncated = stdout.truncated;
             result.stderr_truncated = stderr.truncated;
@@ -521,7 +511,7 @@ const KERNEL_LOST: &str =
 /// The session's kernel, started now if it has none (or its last one died), and
 /// whether it was started now.
 async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<(kernel::Kernel, bool), Error> {
-    let existing = ctx.sessions.kernels.take(&lease.id).await;
+    let existing = lease.take_kernel().await;
     match existing {
         Some(k) => Ok((k, false)),
         None => kernel::Kernel::start(

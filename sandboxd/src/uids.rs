@@ -45,6 +45,26 @@ impl Ranges {
     pub fn all(&self) -> Range<u32> {
         self.sessions.start..self.pool.end
     }
+
+    /// Every uid a sandbox of this daemon may run as once it has taken back
+    /// sessions that keep `recovered` uids (which an earlier `uid_base` or
+    /// `max_sessions` may have put anywhere): the sessions' range, the pool's and
+    /// each recovered uid outside them, as ascending disjoint spans (the gaps
+    /// between them stay out: they can be wide, and are no sandbox's).
+    pub fn spans(&self, recovered: impl IntoIterator<Item = u32>) -> Vec<Range<u32>> {
+        let mut all: Vec<Range<u32>> = vec![self.sessions.clone(), self.pool.clone()];
+        all.extend(recovered.into_iter().map(|u| u..u.saturating_add(1)));
+        all.retain(|r| !r.is_empty());
+        all.sort_by_key(|r| (r.start, r.end));
+        let mut merged: Vec<Range<u32>> = Vec::with_capacity(all.len());
+        for r in all {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        merged
+    }
 }
 
 /// The pool's uids held by live templates.
@@ -96,6 +116,20 @@ mod tests {
         assert_eq!(r.sessions, 600_000..600_008);
         assert_eq!(r.pool, 600_041..600_297);
         assert_eq!(Ranges::new(600_000, 8, Some(600_003)).pool, 600_008..600_264);
+    }
+
+    #[test]
+    fn the_spans_hold_every_uid_a_sandbox_runs_as_and_no_gap() {
+        let r = Ranges::new(600_000, 2, None);
+        let whole = 600_000..600_258;
+        assert_eq!(r.spans([]), std::slice::from_ref(&whole));
+        assert_eq!(r.spans([600_001]), [whole]);
+        // uid_base lowered from 600_300: the session kept there moves the pool above it.
+        let r = Ranges::new(600_000, 2, Some(600_300));
+        assert_eq!(r.spans([600_300]), [600_000..600_002, 600_300..600_557]);
+        // uid_base raised past a recovered session: its uid stands alone below.
+        let r = Ranges::new(700_000, 2, Some(600_005));
+        assert_eq!(r.spans([600_005, 600_004]), [600_004..600_006, 700_000..700_258]);
     }
 
     #[test]

@@ -106,7 +106,7 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/sessions/{id}/run", axum::routing::delete(sessions::cancel_run))
         .route("/v1/policies", get(sessions::policies))
         .route("/metrics", get(metrics))
-        .route("/v1/check", get(crate::check::route))
+        .route("/v1/check", get(check_host))
         .route("/v1/sessions/{id}/files", get(files::list))
         .route("/v1/sessions/{id}/files/{*path}", get(files::download).put(files::upload).delete(files::remove))
         .layer(axum::middleware::from_fn_with_state((state.clone(), listener), auth));
@@ -239,6 +239,29 @@ pub struct Health {
     pub pool: Option<crate::pool::Stats>,
 }
 
+impl Health {
+    /// What anyone may see: the status and the version, nothing else.
+    fn short(status: &'static str, version: &'static str) -> Self {
+        Health {
+            status,
+            version,
+            problems: None,
+            rootfs_sha256: None,
+            cgroup: None,
+            landlock_abi: None,
+            sessions: None,
+            busy_sessions: None,
+            pool: None,
+        }
+    }
+}
+
+/// `GET /v1/check`: the host check, as the daemon sees the host now.
+#[utoipa::path(get, path = "/v1/check", operation_id = "check_host", tag = "daemon", responses((status = 200, body = crate::check::Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
+pub async fn check_host(State(state): State<Shared>) -> Json<crate::check::Report> {
+    Json(state.service.check_host().await)
+}
+
 #[utoipa::path(get, path = "/v1/health", operation_id = "health", tag = "daemon", responses((status = 200, body = Health, description = "`status` is `ok`, or `degraded` with `problems` naming each thing that is wrong now (the rootfs not mounted, the run cgroup directories gone, a policy's pooled sandboxes failing to start, a host check item failing) and what to do. With tokens configured, a request over HTTP without a known token gets `status` and `version` only; any token (or the Unix socket) gets the whole report")))]
 pub async fn health(
     State(state): State<Shared>,
@@ -248,17 +271,7 @@ pub async fn health(
     let now = state.service.condition().await;
     // Stopping: the listeners answer only this route until the runs end.
     let status = if state.shutdown.is_cancelled() { "draining" } else { crate::health::status(&now.problems) };
-    let mut health = Health {
-        status,
-        version: state.version,
-        problems: None,
-        rootfs_sha256: None,
-        cgroup: None,
-        landlock_abi: None,
-        sessions: None,
-        busy_sessions: None,
-        pool: None,
-    };
+    let mut health = Health::short(status, state.version);
     if state.tokens.who(listener, &headers).is_ok() {
         health.problems = Some(now.problems);
         health.rootfs_sha256 = Some(state.rootfs_sha256.clone());

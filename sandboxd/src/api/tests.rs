@@ -6,6 +6,7 @@
 
 use super::surface::Surface;
 use super::{router, AppState, Tokens};
+use crate::check;
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::policy::Policy;
 use crate::run::{self, RunRequest, RunResult, Status};
@@ -296,6 +297,15 @@ impl Operations for Memory {
             self.enter(caller)?;
             self.session(caller, id)?;
             Err(service::Error::RunNotFound { session: id.into(), run_id: run_id.into() })
+        })
+    }
+    /// The host as the fake finds it: one requirement met, one not.
+    fn check_host(&self) -> BoxFuture<'_, check::Report> {
+        Box::pin(async move {
+            check::Report::new(vec![
+                check::Item::ok("kernel", "6.12.0"),
+                check::Item::new("loop devices", check::Status::Fail, "no /dev/loop-control", "modprobe loop"),
+            ])
         })
     }
     fn condition(&self) -> BoxFuture<'_, Condition> {
@@ -881,6 +891,26 @@ async fn runs_answer_json_or_an_event_stream() {
     assert_eq!(error_of(send(&app, json_request(Method::POST, "/v1/runs", body)).await).await.1, "invalid_request");
     let body = json!({"code": "1", "policy": "nope"});
     assert_eq!(error_of(send(&app, json_request(Method::POST, "/v1/runs", body)).await).await.1, "policy_not_found");
+}
+
+/// `GET /v1/check` answers the service's host check, behind the token check like
+/// every `/v1` route but health.
+#[tokio::test]
+async fn check_answers_the_services_host_check() {
+    let memory = Arc::new(Memory::default());
+    let resp = send(&unix(&memory), empty(Method::GET, "/v1/check")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let failing = json!({"ok": false, "items": [
+        {"name": "kernel", "status": "ok", "found": "6.12.0"},
+        {"name": "loop devices", "status": "fail", "found": "no /dev/loop-control", "fix": "modprobe loop"},
+    ]});
+    assert_eq!(json_of(resp).await, failing);
+    let web = http(&memory, &[TOKEN]);
+    let (status, code, _) = error_of(send(&web, empty(Method::GET, "/v1/check")).await).await;
+    assert_eq!((status, code.as_str()), (401, "unauthorized"));
+    let bearer = format!("Bearer {TOKEN}");
+    let req = request(Method::GET, "/v1/check").header(header::AUTHORIZATION, bearer).body(Body::empty()).unwrap();
+    assert_eq!(json_of(send(&web, req).await).await, failing);
 }
 
 /// Health states what the service finds: `ok`, or `degraded` with the problems.

@@ -246,8 +246,15 @@ pub fn rootfs(tarball: &Path, exists: bool, sha256: Option<&str>, content_hash: 
 /// No host account or group may have a uid a sandbox runs as: a sandbox's user
 /// namespace is owned by its host uid, so a process of that account would hold
 /// every capability over it (enter its mounts, read its workspace).
-pub fn uid_range(uids: &std::ops::Range<u32>, accounts: &[(String, u32)]) -> Item {
-    let range = format!("host uids {} to {}", uids.start, uids.end.saturating_sub(1));
+pub fn uid_range(uids: &[std::ops::Range<u32>], accounts: &[(String, u32)]) -> Item {
+    let spans: Vec<String> = uids
+        .iter()
+        .map(|r| match r.end.saturating_sub(r.start) {
+            1 => r.start.to_string(),
+            _ => format!("{} to {}", r.start, r.end.saturating_sub(1)),
+        })
+        .collect();
+    let range = format!("host uids {}", spans.join(", "));
     if accounts.is_empty() {
         return Item::ok("uid range", format!("{range} (sessions and pooled templates): no account or group has one"));
     }
@@ -391,7 +398,8 @@ mod tests {
 
     #[test]
     fn a_uid_range_with_an_account_in_it_is_refused() {
-        let range = 65_532..65_820;
+        let nobody = 65_532..65_820;
+        let range = [nobody];
         assert_eq!(uid_range(&range, &[]).status, Status::Ok);
         let held = uid_range(&range, &[("user nobody".into(), 65_534), ("group nogroup".into(), 65_534)]);
         assert_eq!(held.status, Status::Fail);
@@ -400,6 +408,9 @@ mod tests {
             "{held:?}"
         );
         assert!(held.fix.contains("uid_base"), "{held:?}");
+        // A recovered session's uid, apart from the ranges, is named on its own.
+        let apart = uid_range(&[600_000..600_258, 600_300..600_301], &[("group g".into(), 600_300)]);
+        assert!(apart.found.starts_with("host uids 600000 to 600257, 600300 (sessions"), "{apart:?}");
     }
 
     #[test]

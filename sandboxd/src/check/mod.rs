@@ -1,11 +1,12 @@
 //! The host check: every requirement sandboxd has of the machine, each as an
 //! [`Item`] that says what was found and, when it falls short, what to do.
 //!
-//! `sandboxd check` prints it, `GET /v1/check` serves it (`sandboxctl doctor`
-//! prints that), and the daemon runs it at start and refuses to start on a
-//! failing item instead of failing on the first run. The checks themselves are
-//! pure functions of what was read from the kernel ([`Facts`]), so each is
-//! unit-tested on the texts real hosts give; [`Facts::gather`] does the reading.
+//! `sandboxd check` prints it, `GET /v1/check` serves it through the service
+//! (`Operations::check_host`; `sandboxctl doctor` prints that), and the daemon
+//! runs it at start and refuses to start on a failing item instead of failing on
+//! the first run. The checks themselves are pure functions of what was read from
+//! the kernel ([`Facts`]), so each is unit-tested on the texts real hosts give;
+//! [`Facts::gather`] does the reading.
 
 mod items;
 
@@ -122,8 +123,9 @@ impl Report {
 pub struct Inputs {
     pub state_dir: PathBuf,
     pub tarball: PathBuf,
-    /// Every host uid a sandbox may run as ([`crate::uids::Ranges::all`]).
-    pub uids: std::ops::Range<u32>,
+    /// Every host uid a sandbox may run as, in spans ([`crate::uids::Ranges::spans`]):
+    /// from the configuration alone until the daemon has taken back its sessions.
+    pub uids: Vec<std::ops::Range<u32>>,
     pub max_sessions: usize,
 }
 
@@ -132,7 +134,7 @@ impl Inputs {
         Inputs {
             state_dir: config.state_dir.clone(),
             tarball: config.rootfs_tarball.clone(),
-            uids: crate::uids::Ranges::new(config.uid_base, config.max_sessions, None).all(),
+            uids: crate::uids::Ranges::new(config.uid_base, config.max_sessions, None).spans([]),
             max_sessions: config.max_sessions,
         }
     }
@@ -157,7 +159,7 @@ pub struct Facts {
     pub tarball_exists: bool,
     pub tarball_sha256: Option<String>,
     pub content_hash: Option<String>,
-    pub uids: std::ops::Range<u32>,
+    pub uids: Vec<std::ops::Range<u32>>,
     /// Host accounts and groups whose id is in `uids`: `(what, id)`.
     pub accounts: Vec<(String, u32)>,
     pub file_max: Option<u64>,
@@ -225,7 +227,7 @@ impl Facts {
             tarball_sha256,
             content_hash,
             uids: inputs.uids.clone(),
-            accounts: accounts_in(inputs.uids.clone()),
+            accounts: accounts_in(&inputs.uids),
             file_max: read("/proc/sys/fs/file-max").and_then(|t| t.trim().parse().ok()),
             max_sessions: inputs.max_sessions,
         }
@@ -257,26 +259,32 @@ impl Facts {
     }
 }
 
+/// The "uid range" item alone, for `uids`: the daemon's start asks again once it
+/// knows the uids its recovered sessions keep.
+pub fn uid_range_of(uids: &[std::ops::Range<u32>]) -> Item {
+    uid_range(uids, &accounts_in(uids))
+}
+
 /// The host's users and groups (as the system's name service knows them) whose
-/// id is in `uids`. Looked up once per range (a lookup per uid: a few hundred
-/// milliseconds for a large range), then remembered: `GET /v1/health` and
+/// id is in `uids`. Looked up once per set of spans (a lookup per uid: a few
+/// hundred milliseconds for a large range), then remembered: `GET /v1/health` and
 /// `/v1/check` read the host again on every call, and the daemon refuses to start
 /// when the range holds an account anyway.
-fn accounts_in(uids: std::ops::Range<u32>) -> Vec<(String, u32)> {
-    type Seen = (std::ops::Range<u32>, Vec<(String, u32)>);
+fn accounts_in(uids: &[std::ops::Range<u32>]) -> Vec<(String, u32)> {
+    type Seen = (Vec<std::ops::Range<u32>>, Vec<(String, u32)>);
     static LOOKED_UP: std::sync::Mutex<Option<Seen>> = std::sync::Mutex::new(None);
     let mut seen = LOOKED_UP.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((range, found)) = seen.as_ref() {
-        if *range == uids {
+        if range == uids {
             return found.clone();
         }
     }
-    let found = look_up_accounts(uids.clone());
-    *seen = Some((uids, found.clone()));
+    let found = look_up_accounts(uids.iter().flat_map(|r| r.clone()));
+    *seen = Some((uids.to_vec(), found.clone()));
     found
 }
 
-fn look_up_accounts(uids: std::ops::Range<u32>) -> Vec<(String, u32)> {
+fn look_up_accounts(uids: impl Iterator<Item = u32>) -> Vec<(String, u32)> {
     use nix::unistd::{Gid, Group, Uid, User};
     let mut found = vec![];
     for id in uids {
@@ -290,23 +298,10 @@ fn look_up_accounts(uids: std::ops::Range<u32>) -> Vec<(String, u32)> {
     found
 }
 
-/// What the daemon's `GET /v1/check` looks at (set once at start).
-static INPUTS: std::sync::OnceLock<Inputs> = std::sync::OnceLock::new();
-
-/// Remember the daemon's inputs for `GET /v1/check`.
-pub fn remember(inputs: Inputs) {
-    let _ = INPUTS.set(inputs);
-}
-
-/// `GET /v1/check`: the host check, as the daemon sees the host now.
-#[utoipa::path(get, path = "/v1/check", operation_id = "check_host", tag = "daemon", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
-pub async fn route() -> axum::Json<Report> {
-    axum::Json(now().await)
-}
-
-/// The host check as the daemon sees the host now (inputs from [`remember`]).
-pub async fn now() -> Report {
-    let inputs = INPUTS.get().cloned().unwrap_or_default();
+/// The host check as `inputs` find the host now, read on a blocking thread: the
+/// daemon's `GET /v1/check` and health ([`crate::service::Operations::check_host`],
+/// with the inputs the daemon started with).
+pub async fn now(inputs: Inputs) -> Report {
     tokio::task::spawn_blocking(move || Facts::gather(&inputs).report()).await.unwrap_or_else(|e| {
         Report::new(vec![Item::new(
             "check",
@@ -339,7 +334,7 @@ mod tests {
         let facts = Facts::gather(&Inputs {
             state_dir: "/nonexistent/state".into(),
             tarball: "/nonexistent/rootfs.tar.zst".into(),
-            uids: 600_000..600_288,
+            uids: crate::uids::Ranges::new(600_000, 32, None).spans([]),
             max_sessions: 32,
         });
         let report = facts.report();
@@ -349,6 +344,7 @@ mod tests {
         assert_eq!(report.items.iter().find(|i| i.name == "rootfs").map(|i| i.status), Some(Status::Fail));
         assert!(facts.file_max.is_some());
         // Root is an account, and no sandbox runs as it.
-        assert_eq!(accounts_in(0..1), [("user root".to_string(), 0), ("group root".to_string(), 0)]);
+        let root = 0..1;
+        assert_eq!(accounts_in(&[root]), [("user root".to_string(), 0), ("group root".to_string(), 0)]);
     }
 }

@@ -11,7 +11,8 @@
 //! [`Channel`] is the one type the daemon talks to its processes through: typed
 //! messages ([`super::message`]) as JSON lines, read with a [`LineReader`], and,
 //! on a Unix socket, sent with fds ([`Channel::send_with_fds`]). The blocking side
-//! (the slot, the helper, a template's fork) uses [`write_line`], [`send_datagram`],
+//! (the slot, the helper, the init, a template's fork) uses [`read_line`] (the
+//! blocking twin of [`LineReader`]), [`write_line`], [`send_datagram`],
 //! [`recv_datagram`] and [`recv_fds`]; every message is encoded by [`encode`].
 
 use serde::de::DeserializeOwned;
@@ -215,6 +216,26 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, Error> {
     Ok(line)
 }
 
+/// The next line of at most `max` bytes (the `'\n'` not counted) from a blocking
+/// reader, without its `'\n'`; `None` at a clean end of the stream. Like
+/// [`LineReader`], it takes no more than `max + 1` bytes of a longer line off the
+/// stream (a peer that writes without end costs that much, then an
+/// [`Error::TooLong`]); after an error the stream is out of step: stop reading it.
+pub fn read_line<R: std::io::BufRead>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, Error> {
+    use std::io::{BufRead, Read};
+    let mut line = vec![];
+    r.take(max as u64 + 1).read_until(b'\n', &mut line)?;
+    match line.last().copied() {
+        None => Ok(None),
+        Some(b'\n') => {
+            line.pop();
+            Ok(Some(line))
+        }
+        Some(_) if line.len() > max => Err(Error::TooLong(max)),
+        Some(_) => Err(Error::Truncated),
+    }
+}
+
 /// Write `msg` as one JSON line on a blocking writer.
 pub fn write_line<W: std::io::Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), Error> {
     let line = encode(msg)?;
@@ -396,6 +417,29 @@ mod tests {
         assert!(timed.is_err(), "no line yet");
         w.write_all(b"f\n").await.unwrap();
         assert_eq!(r.next_line().await.unwrap(), Some(b"half".to_vec()));
+    }
+
+    #[test]
+    fn a_blocking_line_of_exactly_the_limit_is_read_and_one_more_byte_is_refused() {
+        let mut r = &b"abcd\n\nabcde\nok\n"[..];
+        assert_eq!(read_line(&mut r, 4).unwrap(), Some(b"abcd".to_vec()));
+        assert_eq!(read_line(&mut r, 4).unwrap(), Some(vec![]));
+        assert!(matches!(read_line(&mut r, 4), Err(Error::TooLong(4))));
+        let mut r = &b"ab\ncd"[..];
+        assert_eq!(read_line(&mut r, 4).unwrap(), Some(b"ab".to_vec()));
+        let e = read_line(&mut r, 4).unwrap_err();
+        assert!(matches!(e, Error::Truncated) && !e.is_violation());
+        assert_eq!(read_line(&mut r, 4).unwrap(), None);
+    }
+
+    #[test]
+    fn a_blocking_stream_without_a_newline_costs_the_limit_and_no_more() {
+        // A stream that never ends and never has a newline: refused after 1 KiB,
+        // having taken at most that (and its reader's buffer) off the stream.
+        let mut endless = std::io::BufReader::with_capacity(READ_BUFFER, std::io::repeat(b'x'));
+        assert!(matches!(read_line(&mut endless, 1024), Err(Error::TooLong(1024))));
+        // What the reader still holds of the stream is what it read past the line.
+        assert_eq!(endless.buffer().len(), READ_BUFFER - 1025);
     }
 
     #[test]

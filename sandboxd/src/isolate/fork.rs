@@ -143,24 +143,24 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
             // SAFETY: `report` is ours (see sandboxd_enter); this process ends below.
             let mut out = unsafe { File::from_raw_fd(report) };
             // The init's final line comes once the program is gone: report it then,
-            // not after the init's own exit (the rest of the run's teardown).
+            // not after the init's own exit (the rest of the run's teardown). A fork's
+            // warnings have nowhere to go: a [`Report`] carries none.
             let mut lines = std::io::BufReader::new(File::from(report_r));
-            let mut text = String::new();
-            let mut reported = false;
-            while !reported {
-                match std::io::BufRead::read_line(&mut lines, &mut text) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+            let reported = match init::read_report(&mut lines, |_| {}) {
+                Ok(line) => line.and_then(final_report),
+                // An init that breaks its report's bound is out of step: the run ends.
+                Err(e) => {
+                    let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                    Some(Report::Failed { step: "read the init's report".into(), error: e.to_string() })
                 }
-                if let Some(r) = final_report(&text) {
-                    send(&mut out, &r);
-                    reported = true;
-                }
+            };
+            if let Some(r) = &reported {
+                send(&mut out, r);
             }
             // Reaped only once the run is gone: the template's "reaped" means that.
             let status = nix::sys::wait::waitpid(child, None);
-            if !reported {
-                send(&mut out, &final_message(&text, status));
+            if reported.is_none() {
+                send(&mut out, &final_message(status));
             }
             drop(alive_w);
             // SAFETY: leave without running the template's atexit handlers or
@@ -170,21 +170,17 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
     }
 }
 
-/// How the run ended, from the init's report (or, without one, its own status).
-fn final_message(report: &str, status: nix::Result<nix::sys::wait::WaitStatus>) -> Report {
-    match (final_report(report), status) {
-        (Some(r), _) => r,
-        (_, Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => Report::Signal(sig as i32),
+/// How the run ended when the init did not say: from the init's own status.
+fn final_message(status: nix::Result<nix::sys::wait::WaitStatus>) -> Report {
+    match status {
+        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => Report::Signal(sig as i32),
         _ => Report::Signal(libc::SIGKILL),
     }
 }
 
-/// How the run ended, once the init's report (complete lines) says so.
-fn final_report(report: &str) -> Option<Report> {
-    let complete = &report[..report.rfind('\n')? + 1];
-    let last =
-        complete.lines().filter_map(|l| InitLine::parse(l).ok()).rfind(|l| !matches!(l, InitLine::Warning(_)))?;
-    match last {
+/// How the run ended, as the init's final line says ([`init::read_report`]).
+fn final_report(line: InitLine) -> Option<Report> {
+    match line {
         InitLine::Exited(code) => Some(Report::ExitCode(code)),
         InitLine::Signaled(signal) => Some(Report::Signal(signal)),
         InitLine::Failed { step, error } => Some(Report::Failed { step, error }),
@@ -317,17 +313,23 @@ mod tests {
     fn the_final_message_says_how_the_run_ended() {
         use nix::sys::wait::WaitStatus;
         let pid = nix::unistd::Pid::from_raw(2);
-        assert_eq!(final_message("W x\nX 3\n", Ok(WaitStatus::Exited(pid, 0))), Report::ExitCode(3));
-        assert_eq!(final_message("S 9\n", Ok(WaitStatus::Exited(pid, 0))), Report::Signal(9));
-        assert_eq!(final_message("", Ok(WaitStatus::Signaled(pid, Signal::SIGKILL, false))), Report::Signal(9));
+        fn report(mut text: &[u8]) -> Option<Report> {
+            init::read_report(&mut text, |_| {}).unwrap().and_then(final_report)
+        }
+        assert_eq!(report(b"W x\nX 3\n"), Some(Report::ExitCode(3)));
+        assert_eq!(report(b"S 9\n"), Some(Report::Signal(9)));
         assert_eq!(
-            final_message("F landlock\tnope\n", Ok(WaitStatus::Exited(pid, 0))),
-            Report::Failed { step: "landlock".into(), error: "nope".into() }
+            report(b"F landlock\tnope\n"),
+            Some(Report::Failed { step: "landlock".into(), error: "nope".into() })
         );
         // Reported as soon as a final line is complete; a warning is not one.
-        assert_eq!(final_report("W careful\n"), None);
-        assert_eq!(final_report("W careful\nX 0"), None);
-        assert_eq!(final_report("W careful\nX 0\n"), Some(Report::ExitCode(0)));
+        assert_eq!(report(b"W careful\n"), None);
+        assert_eq!(report(b"W careful\nX 0"), None);
+        assert_eq!(report(b"W careful\nX 0\n"), Some(Report::ExitCode(0)));
+        // Without one, the init's own status says.
+        assert_eq!(final_message(Ok(WaitStatus::Signaled(pid, Signal::SIGKILL, false))), Report::Signal(9));
+        assert_eq!(final_message(Ok(WaitStatus::Signaled(pid, Signal::SIGSEGV, false))), Report::Signal(11));
+        assert_eq!(final_message(Ok(WaitStatus::Exited(pid, 0))), Report::Signal(9));
     }
 
     #[test]

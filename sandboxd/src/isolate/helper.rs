@@ -13,12 +13,12 @@ use super::channel;
 use super::init;
 use super::message::{Attach, Event, Failure, HelperRequest, InitLine};
 use super::namespaces::{self, Forked};
-use super::spec::SandboxSpec;
+use super::spec::{SandboxSpec, MAX_SPEC_LINE};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
@@ -52,13 +52,11 @@ pub fn serve(socket: UnixStream, stdin: Option<OwnedFd>) -> ! {
 fn run(socket: UnixStream, stdin: Option<OwnedFd>, control: &mut Control) -> Result<(), Failure> {
     // The slot dies with the daemon; the helper dies with the slot.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
-    let mut line = String::new();
     let mut requests = BufReader::new(socket);
-    requests.read_line(&mut line).map_err(Failure::at("read spec"))?;
-    if line.is_empty() {
+    let Some(line) = channel::read_line(&mut requests, MAX_SPEC_LINE).map_err(Failure::at("read spec"))? else {
         return Err(Failure { step: "read spec", error: "the daemon closed the control socket".into() });
-    }
-    let spec: SandboxSpec = channel::parse(line.as_bytes()).map_err(Failure::at("parse spec"))?;
+    };
+    let spec: SandboxSpec = channel::parse(&line).map_err(Failure::at("parse spec"))?;
     control.send(&Event::HelperStarted { pid: nix::unistd::getpid().as_raw() });
 
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::at("pipe"))?;
@@ -122,16 +120,12 @@ fn supervise(
         serve_attaches(spec, &ns, requests, &report, control).map_err(ends)?;
     }
 
-    let mut text = String::new();
-    let _ = File::from(report).read_to_string(&mut text);
-    let mut last = None;
-    for line in text.lines() {
-        match InitLine::parse(line).map(InitLine::into_event) {
-            Ok(Event::Warning { message }) => control.send(&Event::Warning { message }),
-            Ok(e) => last = Some(e),
-            Err(_) => {}
-        }
-    }
+    // The init's warnings go to the daemon as they come.
+    let mut report = BufReader::new(File::from(report));
+    let last = init::read_report(&mut report, |message| control.send(&Event::Warning { message }))
+        .map_err(Failure::at("read the init's report"))
+        .map_err(ends)?
+        .map(InitLine::into_event);
     // The program's status is known once the init has reported it: send it now. The
     // init's exit (the sandbox's namespaces being torn down) is not waited for.
     if let Some(e) = last {
@@ -184,11 +178,10 @@ fn serve_attaches(
                 return Ok(());
             }
         }
-        let mut line = String::new();
-        if (&mut requests).take(REQUEST_LINE).read_line(&mut line).map_err(Failure::at("read a request"))? == 0 {
+        let Some(line) = channel::read_line(&mut requests, REQUEST_LINE).map_err(Failure::at("read a request"))? else {
             return Ok(());
-        }
-        let req: HelperRequest = channel::parse(line.as_bytes()).map_err(Failure::at("parse a request"))?;
+        };
+        let req: HelperRequest = channel::parse(&line).map_err(Failure::at("parse a request"))?;
         match req {
             HelperRequest::Furnish { pid } => {
                 let run_ns = run_namespace(pid)?;
@@ -217,7 +210,7 @@ fn serve_attaches(
 }
 
 /// Longest request line read from the daemon.
-const REQUEST_LINE: u64 = 64 * 1024;
+const REQUEST_LINE: usize = 64 * 1024;
 
 /// The mount namespace of `pid`, which must be one of this sandbox's processes.
 fn run_namespace(pid: i32) -> Result<File, Failure> {

@@ -9,8 +9,11 @@
 //! kills whatever else is left in the pid namespace.
 //!
 //! Reports travel as lines on a pipe ([`InitLine`]): `W msg` (warning),
-//! `F step\tmsg` (setup failed), `X code` (exited), `S signal` (killed by a signal).
+//! `F step\tmsg` (setup failed), `X code` (exited), `S signal` (killed by a signal);
+//! each is read bounded ([`read_report`]), by the helper, a fork's outer process, and
+//! the init itself (the program's set-up report).
 
+use super::channel;
 use super::message::{Failure, InitLine};
 use super::mounts::{self, Layout};
 use super::seccomp::{self, Program};
@@ -21,11 +24,38 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::os::fd::OwnedFd;
 
 pub(super) fn failure_line(f: &Failure) -> String {
     f.line().encode()
+}
+
+/// Longest line of a report ([`InitLine`]): a warning, or a failure whose step and
+/// error (an OS error, a path) are short.
+pub(super) const REPORT_LINE: usize = 16 * 1024;
+
+/// Read a report up to its first line that says how the program ended (or how
+/// setting it up failed), each line at most [`REPORT_LINE`] bytes; `warning` gets
+/// each warning on the way. `None`: the report ended without one. Lines that are
+/// not an [`InitLine`] are skipped, as is a last line cut short by the writer's
+/// end; a line over the bound is an error, and the report is out of step after it.
+pub(super) fn read_report<R: BufRead>(
+    report: &mut R,
+    mut warning: impl FnMut(String),
+) -> Result<Option<InitLine>, channel::Error> {
+    loop {
+        let line = match channel::read_line(report, REPORT_LINE) {
+            Ok(Some(line)) => line,
+            Ok(None) | Err(channel::Error::Truncated) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match std::str::from_utf8(&line).map(InitLine::parse) {
+            Ok(Ok(InitLine::Warning(message))) => warning(message),
+            Ok(Ok(end)) => return Ok(Some(end)),
+            _ => {}
+        }
+    }
 }
 
 const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
@@ -149,20 +179,22 @@ pub(super) fn lock_down_and_fork(
         ForkResult::Parent { child } => child,
     };
     drop(err_w);
-    let mut text = String::new();
-    let _ = File::from(err_r).read_to_string(&mut text);
-    for line in text.lines() {
-        match InitLine::parse(line) {
-            Ok(failed @ InitLine::Failed { .. }) => {
-                let _ = kill(child, Signal::SIGKILL);
-                let _ = waitpid(child, None);
-                return Ok(Role::Init(failed.encode()));
-            }
-            Ok(warning @ InitLine::Warning(_)) => {
-                let _ = report.write_all(warning.encode().as_bytes());
-            }
-            _ => {}
-        }
+    // The program's set-up report ends at its exec (the pipe is close-on-exec) or
+    // with its failure; its warnings go on to the init's own report.
+    let mut setup = std::io::BufReader::new(File::from(err_r));
+    loop {
+        let forward = |message| {
+            let _ = report.write_all(InitLine::Warning(message).encode().as_bytes());
+        };
+        let failed = match read_report(&mut setup, forward) {
+            Ok(None) => break,
+            Ok(Some(failed @ InitLine::Failed { .. })) => failed,
+            Ok(Some(_)) => continue,
+            Err(e) => Failure::at("read the program's set-up report")(e).line(),
+        };
+        let _ = kill(child, Signal::SIGKILL);
+        let _ = waitpid(child, None);
+        return Ok(Role::Init(failed.encode()));
     }
 
     // The init keeps no output pipe open while it waits.
@@ -295,4 +327,43 @@ fn dup_stdin(fd: &OwnedFd) -> Result<(), Failure> {
 
 fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, Failure> {
     items.map(|s| CString::new(s).map_err(Failure::at("argument with a NUL byte"))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_is_read_up_to_how_the_program_ended_with_its_warnings() {
+        let mut r = &b"W careful\nnot a report line\n\xff\nX 3\nW after\n"[..];
+        let mut warnings = vec![];
+        assert_eq!(read_report(&mut r, |w| warnings.push(w)).unwrap(), Some(InitLine::Exited(3)));
+        assert_eq!(warnings, ["careful"]);
+        // What follows is left in the stream.
+        assert_eq!(r, b"W after\n");
+        let mut r = &b"F mounts\tbind /x: EPERM\n"[..];
+        assert_eq!(
+            read_report(&mut r, |_| {}).unwrap(),
+            Some(InitLine::Failed { step: "mounts".into(), error: "bind /x: EPERM".into() })
+        );
+        // A report that ends without a complete end line has none.
+        assert_eq!(read_report(&mut &b"W a\nX 3"[..], |_| {}).unwrap(), None);
+        assert_eq!(read_report(&mut &b""[..], |_| {}).unwrap(), None);
+    }
+
+    #[test]
+    fn an_over_long_report_line_is_refused_and_not_held() {
+        // A line exactly at the bound is read; one byte more, or a stream that never
+        // ends a line, is refused after taking the bound off the stream.
+        let at_bound = format!("W {}\nS 9\n", "x".repeat(REPORT_LINE - 2));
+        let mut warnings = vec![];
+        assert_eq!(read_report(&mut at_bound.as_bytes(), |w| warnings.push(w)).unwrap(), Some(InitLine::Signaled(9)));
+        assert_eq!(warnings[0].len(), REPORT_LINE - 2);
+        let over = format!("W {}\nS 9\n", "x".repeat(REPORT_LINE - 1));
+        let e = read_report(&mut over.as_bytes(), |_| panic!("no warning")).unwrap_err();
+        assert!(matches!(e, channel::Error::TooLong(REPORT_LINE)), "{e}");
+        let mut endless = std::io::BufReader::new(std::io::repeat(b'W'));
+        let e = read_report(&mut endless, |_| panic!("no warning")).unwrap_err();
+        assert!(matches!(e, channel::Error::TooLong(REPORT_LINE)), "{e}");
+    }
 }

@@ -10,6 +10,12 @@ use std::path::PathBuf;
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
 
+/// Longest [`SandboxSpec`] line the helper reads: the largest code a policy allows
+/// ([`crate::policy::MAX_CODE_KB`], as the program's stdin or argv), each byte at
+/// most 6 in JSON, plus 1 MiB for the rest (the seccomp filter is at most 4096
+/// instructions, the environment and paths are the daemon's).
+pub const MAX_SPEC_LINE: usize = crate::policy::MAX_CODE_KB as usize * 1024 * 6 + 1024 * 1024;
+
 /// Everything the helper needs to build one sandbox and run one program in it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxSpec {
@@ -62,4 +68,34 @@ pub struct Rlimits {
     pub file_size_bytes: u64,
     /// Open files (RLIMIT_NOFILE).
     pub open_files: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// A spec's bytes past its code stay far below the 1 MiB [`MAX_SPEC_LINE`]
+    /// leaves them, with the largest filter, and the code takes at most 6 bytes a
+    /// byte: the largest spec a policy can make fits the bound.
+    #[test]
+    fn the_largest_spec_fits_the_bound_the_helper_reads_it_with() {
+        let code = "\u{1}".repeat(1 << 20);
+        let workspace = "/w".repeat(2048);
+        let policy = crate::policy::Policy::default();
+        let argv = vec![crate::plan::PYTHON.into(), crate::plan::RUNNER.into(), "0".repeat(32), "1".into()];
+        let mut spec = crate::plan::sandbox_spec(
+            Path::new("/rootfs"),
+            Some(Path::new(&workspace)),
+            1,
+            &policy,
+            argv,
+            Some(code.clone()),
+        );
+        spec.seccomp = Program::from_bytes(&[0u8; 4096 * 8]).unwrap();
+        let line = super::super::channel::encode(&spec).unwrap();
+        let rest = line.len() - code.len() * 6;
+        assert!(rest < 256 * 1024, "{rest} bytes besides the code");
+        assert!(MAX_SPEC_LINE >= crate::policy::MAX_CODE_KB as usize * 1024 * 6 + rest);
+    }
 }

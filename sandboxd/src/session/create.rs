@@ -1,11 +1,8 @@
 //! Making a session: its id reserved under the quotas (and the state
 //! directory's room), then its workspace made and mounted, and only then ready.
 
-use super::{
-    key, new_id, rfc3339, shown, storage, validate_id, Error, Live, Manager, Mode, Phase, SessionInfo, TEARDOWN_WAIT,
-};
+use super::{key, new_id, rfc3339, shown, validate_id, Error, Live, Manager, Mode, Phase, SessionInfo, TEARDOWN_WAIT};
 use crate::policy::Policy;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -65,17 +62,16 @@ impl Manager {
             // What a failed teardown left of an earlier session of this key: the
             // key is ours now, so nothing else uses it.
             tracing::warn!(session_id = %key, "removing what an earlier session of this id left");
-            let _ = storage::unmount(&dir).await;
+            let _ = self.storage.unmount(&dir).await;
             let _ = std::fs::remove_dir_all(&dir);
         }
         let made = async {
             std::fs::create_dir_all(&dir)?;
-            storage::restrict_dir(&dir, info.uid)?;
-            storage::create(&dir, policy.workspace_bytes(), info.uid).await
+            self.storage.create(&dir, policy.workspace_bytes(), info.uid).await
         }
         .await;
         if let Err(e) = made {
-            let _ = storage::unmount(&dir).await;
+            let _ = self.storage.unmount(&dir).await;
             let _ = std::fs::remove_dir_all(&dir);
             self.lock().remove(key);
             self.idle.notify_waiters();
@@ -106,27 +102,14 @@ impl Manager {
             Some(_) => return Err(Error::Exists(id.to_string())),
             None => {}
         }
-        // Sessions being torn down still hold their workspace, loop device and
-        // uid: they count until their teardown has ended, so churning creates and
-        // closes never holds more than the quotas.
-        let closing = |l: &Live| l.phase == Phase::Closing;
-        if let Some(o) = owner {
-            let mine: Vec<&Live> = map.values().filter(|l| l.info.owner.as_deref() == Some(o)).collect();
-            if mine.len() >= self.token_max_sessions {
-                let closing = mine.iter().filter(|l| closing(l)).count();
-                return Err(Error::TokenMaxSessions { max: self.token_max_sessions, closing });
-            }
-        }
-        if map.len() >= self.max_sessions {
-            let closing = map.values().filter(|l| closing(l)).count();
-            return Err(Error::MaxSessions { max: self.max_sessions, closing });
-        }
+        // The quotas, which count sessions still being torn down (`quota.rs`).
+        self.check_sessions(&map, owner)?;
         self.check_storage(&map, policy)?;
         // A uid of the sessions' range that no session holds (a closing one's
         // processes may still run as its own): never one of the pool's.
         let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
         let uid = crate::uids::free(self.uid_range(), |u| used.contains(&u)).ok_or_else(|| {
-            let closing = map.values().filter(|l| closing(l)).count();
+            let closing = map.values().filter(|l| l.phase == Phase::Closing).count();
             Error::MaxSessions { max: self.max_sessions, closing }
         })?;
         let now = SystemTime::now();
@@ -145,39 +128,80 @@ impl Manager {
         map.insert(key.to_string(), Live::new(info.clone(), now, Phase::Creating, self.next_epoch()));
         Ok(Some(info))
     }
+}
 
-    /// Refuse a new session of `policy` when the state directory's filesystem could
-    /// not hold every session's workspace filled up (images are sparse: each can
-    /// still grow by its size less what it already takes), this one included, with
-    /// each session's run records ([`crate::records::RESERVE`]).
-    fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
-        // A filesystem that cannot say (or a failure to ask) refuses nothing.
-        let Ok(fs) = nix::sys::statvfs::statvfs(&self.dir) else { return Ok(()) };
-        let free = fs.blocks_available().saturating_mul(fs.fragment_size());
-        let per_session = crate::records::RESERVE;
-        let held: u64 = map
-            .iter()
-            .filter(|(_, l)| l.phase != Phase::Closing)
-            .map(|(key, l)| {
-                // The image's own size (its policy may have changed since it was
-                // made), less what it already takes; one not made yet, its policy's.
-                let room = match std::fs::metadata(self.session_dir(key).join(storage::IMAGE)) {
-                    Ok(m) => m.len().saturating_sub(std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512)),
-                    Err(_) => self.policies.get(&l.info.policy).map(|p| p.workspace_bytes()).unwrap_or(0),
-                };
-                room.saturating_add(per_session)
-            })
-            .sum();
-        let wanted = policy.workspace_bytes().saturating_add(per_session);
-        if held.saturating_add(wanted) > free {
-            const MIB: u64 = 1024 * 1024;
-            return Err(Error::InsufficientStorage {
-                free_mb: free / MIB,
-                held_mb: held.div_ceil(MIB),
-                wanted_mb: wanted.div_ceil(MIB),
-                policy: policy.name.clone(),
-            });
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{dir, manager, KEY_A, OTHER, OWNER};
+    use super::*;
+    use crate::storage::fake::Dirs;
+    use std::collections::BTreeSet;
+    use std::sync::atomic::Ordering;
+
+    #[tokio::test]
+    async fn a_session_is_made_mounted_and_recorded_then_found_by_its_owner_only() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4));
+        let info = m.create(Some("a".into()), None, Mode::Kernel, Some(120), Some(OWNER)).await.unwrap();
+        assert_eq!(
+            (info.id.as_str(), info.mode, info.policy.as_str(), info.ttl_s, info.owner.as_deref(), info.busy),
+            ("a", Mode::Kernel, "default", 120, Some(OWNER), false)
+        );
+        assert!(m.uid_range().contains(&info.uid), "{}", info.uid);
+        let dir = dir(state.path(), KEY_A);
+        assert_eq!(storage.mounted(), BTreeSet::from([dir.join("data")]));
+        let stored: SessionInfo = serde_json::from_slice(&std::fs::read(dir.join("session.json")).unwrap()).unwrap();
+        assert_eq!((stored.id.as_str(), stored.uid, stored.owner.as_deref()), ("a", info.uid, Some(OWNER)));
+        // Its token finds it by id, the operator by key, another token not at all.
+        assert_eq!(m.get("a", Some(OWNER)).unwrap().id, "a");
+        assert_eq!(m.get(KEY_A, None).unwrap().id, KEY_A);
+        assert!(matches!(m.get("a", Some(OTHER)), Err(Error::NotFound(id)) if id == "a"));
+        assert_eq!(m.workspace_of("a", Some(OWNER)).unwrap(), dir.join("data"));
+        // The same id again is refused; another token's `a` is its own.
+        let again = m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await;
+        assert!(matches!(again, Err(Error::Exists(id)) if id == "a"));
+        let theirs = m.create(Some("a".into()), None, Mode::Script, None, Some(OTHER)).await.unwrap();
+        assert_ne!(theirs.uid, info.uid, "each session its own uid");
+        assert_eq!(m.count(), 2);
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_refused_and_make_nothing() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4));
+        let bad_id = m.create(Some("a b".into()), None, Mode::Script, None, Some(OWNER)).await;
+        assert!(matches!(bad_id, Err(Error::InvalidId(id)) if id == "a b"));
+        for ttl in [0, 30 * 86400 + 1] {
+            let bad_ttl = m.create(Some("a".into()), None, Mode::Script, Some(ttl), Some(OWNER)).await;
+            assert!(matches!(bad_ttl, Err(Error::InvalidTtl)), "{ttl}");
         }
-        Ok(())
+        let no_policy = m.create(Some("a".into()), Some("nope"), Mode::Script, None, Some(OWNER)).await;
+        assert!(
+            matches!(no_policy, Err(Error::PolicyNotFound { name, known }) if name == "nope" && known == ["default"])
+        );
+        assert_eq!(m.count(), 0);
+        assert!(storage.mounted().is_empty());
+        assert_eq!(std::fs::read_dir(state.path().join("sessions")).unwrap().count(), 0);
+        // Without an id, it gets a fresh one.
+        let made = m.create(None, None, Mode::Script, None, None).await.unwrap();
+        assert_eq!(made.id.len(), 32);
+        assert!(made.id.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[tokio::test]
+    async fn a_workspace_that_cannot_be_made_leaves_nothing_and_frees_the_id() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4));
+        storage.fail_create.store(true, Ordering::Relaxed);
+        let failed = m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await;
+        assert!(matches!(failed, Err(Error::Workspace(_))), "{failed:?}");
+        assert_eq!(m.count(), 0);
+        assert!(!dir(state.path(), KEY_A).exists(), "what was made is removed");
+        assert!(storage.mounted().is_empty());
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        assert_eq!(m.count(), 1);
     }
 }

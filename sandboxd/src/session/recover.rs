@@ -2,7 +2,7 @@
 //! those of tokens whose owner ids it made the older way), and unmounting every
 //! workspace at shutdown.
 
-use super::{key_of, storage, validate_id, Live, Manager, Mode, Phase, SessionInfo, KERNEL_STARTED};
+use super::{key_of, validate_id, Live, Manager, Mode, Phase, SessionInfo, KERNEL_STARTED};
 use crate::records::Records;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,11 +41,8 @@ impl Manager {
                     && self.policies.contains_key(&i.policy)
             });
             let mounted = match &keep {
-                Some(i) => match storage::mount(&path).await {
-                    // An earlier version left wider modes: fix them before serving.
-                    Ok(()) => storage::restrict(&path, i.uid),
-                    Err(e) => Err(e),
-                },
+                // An earlier version left wider modes: fixed before serving.
+                Some(i) => self.storage.reopen(&path, i.uid).await,
                 None => Err(std::io::Error::other("expired or invalid")),
             };
             match (keep, mounted) {
@@ -72,16 +69,16 @@ impl Manager {
                     if let Err(e) = result {
                         tracing::info!(path = %path.display(), reason = %e, "removing a session left by an earlier run");
                     }
-                    let _ = storage::unmount(&path).await;
+                    let _ = self.storage.unmount(&path).await;
                     let _ = std::fs::remove_dir_all(&path);
                 }
             }
         }
-        for stray in storage::mounted_below(&self.dir) {
+        for stray in self.storage.mounted_below(&self.dir) {
             if let Some(session) = stray.parent() {
                 let known = session.file_name().and_then(|n| n.to_str()).is_some_and(|id| self.lock().contains_key(id));
                 if !known {
-                    let _ = storage::unmount(session).await;
+                    let _ = self.storage.unmount(session).await;
                 }
             }
         }
@@ -104,7 +101,7 @@ impl Manager {
             }
             // A workspace an earlier daemon left mounted moves with its directory
             // only once unmounted; it is mounted again below, at its new place.
-            storage::unmount(&path).await?;
+            self.storage.unmount(&path).await?;
             std::fs::rename(&path, &target)
         }
         .await;
@@ -130,7 +127,7 @@ impl Manager {
             map.keys().cloned().collect()
         };
         for id in ids {
-            if let Err(e) = storage::unmount(&self.session_dir(&id)).await {
+            if let Err(e) = self.storage.unmount(&self.session_dir(&id)).await {
                 tracing::warn!(session_id = %id, error = %e, "could not unmount a workspace");
             }
         }
@@ -152,17 +149,7 @@ mod tests {
     }
 
     fn info(id: &str, owner: Option<String>) -> SessionInfo {
-        SessionInfo {
-            id: id.into(),
-            mode: Mode::Script,
-            policy: "default".into(),
-            created_at: "2026-01-01T00:00:00Z".into(),
-            last_used_at: "2026-01-01T00:00:00Z".into(),
-            ttl_s: 60,
-            owner,
-            uid: 600_001,
-            busy: false,
-        }
+        super::super::testing::info(id, owner, 600_001)
     }
 
     #[tokio::test]
@@ -192,5 +179,46 @@ mod tests {
         let path = write_session(&sessions, &again);
         let (still, kept) = manager.rekeyed(path.clone(), again.clone(), &rekey).await;
         assert_eq!((still, kept.owner), (path, again.owner));
+    }
+
+    #[tokio::test]
+    async fn a_restart_takes_back_live_sessions_and_removes_expired_and_stray_ones() {
+        use super::super::testing::{dir, manager, KEY_A, OWNER};
+        use crate::storage::fake::Dirs;
+        use std::collections::BTreeSet;
+        use std::sync::Arc;
+        let state = tempfile::tempdir().unwrap();
+        let before = Arc::new(manager(state.path(), &Arc::new(Dirs::default()), 4));
+        let a = before.create(Some("a".into()), None, Mode::Kernel, None, Some(OWNER)).await.unwrap();
+        let b = before.create(Some("b".into()), None, Mode::Script, None, None).await.unwrap();
+        let c = before.create(Some("c".into()), None, Mode::Kernel, None, None).await.unwrap();
+        before.mark_kernel_started(KEY_A);
+        // `b` was last used longer ago than its TTL.
+        let expired = SessionInfo { last_used_at: "2026-01-01T00:00:00Z".into(), ..b.clone() };
+        before.persist(&expired);
+        drop(before);
+        let sessions = state.path().join("sessions");
+        // A directory that is no session's, and a workspace mount whose session is gone.
+        std::fs::create_dir_all(sessions.join("junk").join("data")).unwrap();
+        let storage = Arc::new(Dirs::default());
+        storage.mount(&sessions.join("junk"));
+        storage.mount(&sessions.join("gone"));
+
+        let after = manager(state.path(), &storage, 4);
+        assert_eq!(after.recover(&[]).await, 2);
+        let mounted = BTreeSet::from([dir(state.path(), KEY_A).join("data"), dir(state.path(), "c").join("data")]);
+        assert_eq!(storage.mounted(), mounted);
+        assert!(!sessions.join("b").exists() && !sessions.join("junk").exists());
+        let back = after.get("a", Some(OWNER)).unwrap();
+        assert_eq!((back.mode, back.uid, back.created_at), (Mode::Kernel, a.uid, a.created_at));
+        assert_eq!(after.get("c", None).unwrap().uid, c.uid);
+        assert!(matches!(after.get("b", None), Err(super::super::Error::NotFound(_))));
+        // A kernel session whose kernel had started says so once; one whose never did, not.
+        assert!(after.take_kernel_lost(KEY_A));
+        assert!(!after.take_kernel_lost(KEY_A));
+        assert!(!after.take_kernel_lost("c"));
+        assert_eq!(after.uids().into_iter().collect::<BTreeSet<u32>>(), BTreeSet::from([a.uid, c.uid]));
+        after.unmount_all().await;
+        assert!(storage.mounted().is_empty());
     }
 }

@@ -4,7 +4,7 @@
 //! deadline, its kernel, workspace and files go. It counts toward the quotas
 //! until then.
 
-use super::{storage, Manager, Phase};
+use super::{Manager, Phase};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -80,7 +80,7 @@ impl Manager {
         }
         self.kernels.stop(key).await;
         let dir = self.session_dir(key);
-        if let Err(e) = storage::unmount(&dir).await {
+        if let Err(e) = self.storage.unmount(&dir).await {
             tracing::warn!(session_id = %key, error = %e, "could not unmount the session's workspace");
         }
         let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
@@ -128,33 +128,20 @@ impl Manager {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Live, Mode, SessionInfo};
+    use super::super::testing::{dir, KEY_A, OWNER};
+    use super::super::{Live, Mode};
     use super::*;
-    use crate::policy::Policy;
-    use std::collections::BTreeMap;
-
-    const OWNER: &str = "0123456789abcdef0123456789abcdef";
+    use crate::storage::fake::Dirs;
 
     fn manager(dir: &std::path::Path, max: usize, deadline: Duration) -> Arc<Manager> {
-        let policy = Policy { name: "default".into(), workspace_mb: 1, ..Policy::default() };
-        let policies = BTreeMap::from([("default".to_string(), policy)]);
-        Arc::new(Manager::new(dir, policies, max, 60, 600_000).unwrap().with_teardown_deadline(deadline))
+        let storage = Arc::new(Dirs::default());
+        Arc::new(super::super::testing::manager(dir, &storage, max).with_teardown_deadline(deadline))
     }
 
     /// A ready session, as if made (its workspace is not mounted: the teardown's
     /// unmount has nothing to do, its removal removes the directory).
     fn ready(m: &Manager, id: &str) {
-        let info = SessionInfo {
-            id: id.into(),
-            mode: Mode::Script,
-            policy: "default".into(),
-            created_at: "2026-01-01T00:00:00Z".into(),
-            last_used_at: "2026-01-01T00:00:00Z".into(),
-            ttl_s: 60,
-            owner: Some(OWNER.into()),
-            uid: 600_000,
-            busy: false,
-        };
+        let info = super::super::testing::info(id, Some(OWNER.into()), 600_000);
         std::fs::create_dir_all(m.session_dir(&super::super::key_of(&info))).unwrap();
         let live = Live::new(info.clone(), SystemTime::now(), Phase::Ready, m.next_epoch());
         m.lock().insert(super::super::key_of(&info), live);
@@ -216,5 +203,54 @@ mod tests {
         assert!(!m.session_dir(&key).exists());
         drop(lease);
         assert!(m.lock().get(&key).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_close_unmounts_and_removes_the_workspace_and_frees_the_id() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(super::super::testing::manager(state.path(), &storage, 4));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        assert!(!storage.mounted().is_empty());
+        let theirs = m.close("a", Some("fedcba9876543210fedcba9876543210")).await;
+        assert!(matches!(theirs, Err(super::super::Error::NotFound(_))), "another token cannot close it");
+        m.close("a", Some(OWNER)).await.unwrap();
+        assert!(matches!(m.get("a", Some(OWNER)), Err(super::super::Error::NotFound(_))));
+        assert!(storage.mounted().is_empty());
+        assert!(!dir(state.path(), KEY_A).exists());
+        assert_eq!(m.count(), 0);
+        assert!(matches!(m.close("a", Some(OWNER)).await, Err(super::super::Error::NotFound(_))));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn only_idle_sessions_past_their_ttl_are_reaped() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(super::super::testing::manager(state.path(), &storage, 8));
+        for id in ["idle", "running", "reading", "downloading", "fresh"] {
+            m.create(Some(id.into()), None, Mode::Script, Some(5), Some(OWNER)).await.unwrap();
+        }
+        let key = |id: &str| super::super::key(id, Some(OWNER)).unwrap();
+        let long_ago = SystemTime::now() - Duration::from_secs(60);
+        for id in ["idle", "running", "reading", "downloading"] {
+            m.lock().get_mut(&key(id)).unwrap().last_used = long_ago;
+        }
+        let lease = m.lease("running", Some(OWNER)).unwrap();
+        let reading = m.open("reading", Some(OWNER)).unwrap().hold;
+        let body = m.open("downloading", Some(OWNER)).unwrap().hold.for_body();
+        let reaping = tokio::spawn({
+            let m = m.clone();
+            async move { m.reap_expired().await }
+        });
+        // A download does not keep its session: its body is cut, then dropped.
+        body.cut().cancelled().await;
+        drop(body);
+        reaping.await.unwrap();
+        let mut left: Vec<String> = m.list(Some(OWNER)).into_iter().map(|i| i.id).collect();
+        left.sort();
+        assert_eq!(left, ["fresh", "reading", "running"]);
+        assert!(!dir(state.path(), &key("idle")).exists() && !dir(state.path(), &key("downloading")).exists());
+        drop((lease, reading));
     }
 }

@@ -12,10 +12,16 @@
 //! the tenant is the first 16 hex digits of the token's hash. A caller without a
 //! token (the operator) sees and addresses sessions by key; a token's caller by id.
 //! Each token also has quotas: sessions held, and runs going at once.
+//!
+//! This file holds the manager, its live state and the one lookup every route
+//! goes through (`Manager::ready`); beside it, one file per role: `key.rs` (ids,
+//! tenant keys), `lease.rs` (a run's [`Lease`], a file operation's [`Use`]),
+//! `quota.rs` (sessions and runs held, the state directory's room), `create.rs`,
+//! `teardown.rs` (close, expiry) and `recover.rs` (restart, shutdown).
 
 use crate::policy::Policy;
 use crate::records::Records;
-use crate::storage;
+use crate::storage::{self, Storage};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -27,8 +33,18 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 mod create;
+mod key;
+mod lease;
+mod quota;
 mod recover;
 mod teardown;
+#[cfg(test)]
+mod testing;
+
+pub use key::{key, new_id, rfc3339, validate_id};
+use key::{key_of, shown};
+pub use lease::{Lease, Opened, Use};
+use quota::closing_note;
 
 /// What can go wrong with a session; the API edge maps each to its HTTP answer.
 #[derive(Debug, thiserror::Error)]
@@ -72,14 +88,6 @@ pub enum Mode {
     Kernel,
 }
 
-/// How a quota refusal names the sessions that still count while torn down.
-fn closing_note(closing: usize) -> String {
-    match closing {
-        0 => String::new(),
-        n => format!(", {n} of them still being closed (retry in a moment)"),
-    }
-}
-
 /// What is stored of a session, and what the API shows.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionInfo {
@@ -101,6 +109,16 @@ pub struct SessionInfo {
     /// Always stored as false: only the live state says a session is busy.
     #[serde(default)]
     pub busy: bool,
+}
+
+impl Mode {
+    /// The mode's name, as the API writes it (`script`, `kernel`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Script => "script",
+            Mode::Kernel => "kernel",
+        }
+    }
 }
 
 /// Where a session is in its life. Only a `Ready` session is reachable by any
@@ -168,8 +186,9 @@ pub struct Manager {
     uid_base: u32,
     sessions: Mutex<HashMap<String, Live>>,
     idle: Notify,
-    /// Live kernels of kernel-mode sessions, taken out while a cell runs.
-    pub kernels: crate::kernel::Kernels,
+    /// Live kernels of kernel-mode sessions, by key: a cell takes its session's
+    /// out through its [`Lease`] and puts it back; the teardown stops it.
+    kernels: crate::kernel::Kernels,
     /// Most sessions one token holds, and runs it has going, at once.
     token_max_sessions: usize,
     token_max_runs: usize,
@@ -177,121 +196,8 @@ pub struct Manager {
     epochs: AtomicU64,
     /// Longest a teardown waits for what holds the session before it forces it.
     teardown_deadline: Duration,
-}
-
-/// Marks a session busy for one run; dropping it frees the session.
-pub struct Lease {
-    manager: Arc<Manager>,
-    /// The session's key: its directory, its kernel (see the module doc).
-    pub id: String,
-    /// The id as the caller addresses it: for results and artifact URLs.
-    pub public_id: String,
-    pub uid: u32,
-    pub policy: Arc<Policy>,
-    pub workspace: PathBuf,
-    pub mode: Mode,
-    pub cancel: watch::Receiver<bool>,
-    epoch: u64,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        // Save the session's new last use while it still counts as busy, so a
-        // teardown (which waits for that) never races this write.
-        let saved = {
-            let mut map = self.manager.lock();
-            map.get_mut(&self.id).filter(|l| l.phase == Phase::Ready && l.epoch == self.epoch).map(|live| {
-                live.last_used = SystemTime::now();
-                live.info.last_used_at = rfc3339(live.last_used);
-                live.info.clone()
-            })
-        };
-        if let Some(info) = saved {
-            self.manager.persist(&info);
-        }
-        {
-            let mut map = self.manager.lock();
-            if let Some(live) = map.get_mut(&self.id).filter(|l| l.epoch == self.epoch) {
-                live.busy = false;
-                live.cancel = None;
-                if live.torn_down {
-                    // Its teardown was forced while this run held it: the key and
-                    // the uid are free only now that the run is over.
-                    map.remove(&self.id);
-                    tracing::info!(session_id = %self.id, "the run that outlived its session's teardown ended: session closed");
-                }
-            }
-        }
-        self.manager.idle.notify_waiters();
-    }
-}
-
-/// One file operation's hold on a ready session's workspace (see
-/// [`Manager::open`]): the session's teardown waits until every hold is dropped,
-/// so nothing is written into a workspace being unmounted. A response body that
-/// streams from the workspace holds it as long as it is sent ([`Use::for_body`]).
-pub struct Use {
-    manager: Arc<Manager>,
-    key: String,
-    public_id: String,
-    epoch: u64,
-    cut: CancellationToken,
-    /// Counted as a body (cut by the teardown) rather than a file operation.
-    body: bool,
-}
-
-impl Use {
-    /// `Err(session_not_found)` once the session's teardown began: stop writing,
-    /// the workspace is going away.
-    pub fn check(&self) -> Result<(), Error> {
-        if self.cut.is_cancelled() {
-            return Err(Manager::not_found(&self.public_id));
-        }
-        Ok(())
-    }
-
-    /// Cancelled when the session's teardown begins: what holds the session
-    /// stops (an upload) or is cut (a body, its connection closed).
-    pub fn cut(&self) -> CancellationToken {
-        self.cut.clone()
-    }
-
-    /// This hold, for a response body that streams from the workspace: the
-    /// teardown cuts it at once instead of waiting, and an expiry does not wait.
-    pub fn for_body(mut self) -> Use {
-        if !self.body {
-            if let Some(live) = self.manager.lock().get_mut(&self.key).filter(|l| l.epoch == self.epoch) {
-                live.users = live.users.saturating_sub(1);
-                live.bodies += 1;
-            }
-            self.body = true;
-        }
-        self
-    }
-}
-
-impl Drop for Use {
-    fn drop(&mut self) {
-        if let Some(live) = self.manager.lock().get_mut(&self.key).filter(|l| l.epoch == self.epoch) {
-            if self.body {
-                live.bodies = live.bodies.saturating_sub(1);
-            } else {
-                live.users = live.users.saturating_sub(1);
-            }
-        }
-        self.manager.idle.notify_waiters();
-    }
-}
-
-/// A ready session's workspace, opened for one file operation.
-pub struct Opened {
-    pub info: SessionInfo,
-    /// The mounted workspace's root directory.
-    pub workspace: PathBuf,
-    /// The session's run records.
-    pub records: Records,
-    /// Holds the session up: drop it when the operation is done.
-    pub hold: Use,
+    /// Where workspaces are made and mounted ([`storage::LoopImages`] but in tests).
+    storage: Arc<dyn Storage>,
 }
 
 /// In a session's directory: the session has had a kernel (so a restart lost one).
@@ -303,63 +209,6 @@ const TEARDOWN_WAIT: Duration = Duration::from_secs(60);
 /// Longest a teardown waits for the session's run, file operations and bodies to
 /// let go before it forces its way ([`Manager::with_teardown_deadline`]).
 pub const TEARDOWN_DEADLINE: Duration = Duration::from_secs(15);
-
-pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
-/// Session ids: `^[A-Za-z0-9_-]{1,64}$`.
-pub fn validate_id(id: &str) -> Result<(), Error> {
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
-        return Err(Error::InvalidId(id.to_string()));
-    }
-    Ok(())
-}
-
-pub fn new_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
-}
-
-/// The tenant label of a token identity (its hash): 16 hex digits.
-fn tenant(owner: &str) -> &str {
-    owner.get(..16).unwrap_or(owner)
-}
-
-/// The key of session `id` as addressed by `owner`: a token's caller addresses its
-/// own id space; a caller without a token addresses keys (`id`, or `tenant.id`).
-pub fn key(id: &str, owner: Option<&str>) -> Result<String, Error> {
-    match owner {
-        Some(o) => {
-            validate_id(id)?;
-            Ok(format!("{}.{id}", tenant(o)))
-        }
-        None => {
-            let is_key = id.split_once('.').is_some_and(|(t, rest)| {
-                t.len() == 16
-                    && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-                    && validate_id(rest).is_ok()
-            });
-            if !is_key {
-                validate_id(id)?;
-            }
-            Ok(id.to_string())
-        }
-    }
-}
-
-/// The key of a stored session.
-fn key_of(info: &SessionInfo) -> String {
-    match &info.owner {
-        Some(o) => format!("{}.{}", tenant(o), info.id),
-        None => info.id.clone(),
-    }
-}
-
-/// `info` as `owner` sees it: its id in the caller's space.
-fn shown(info: &SessionInfo, busy: bool, owner: Option<&str>) -> SessionInfo {
-    let id = if owner.is_some() { info.id.clone() } else { key_of(info) };
-    SessionInfo { id, busy, ..info.clone() }
-}
 
 impl Manager {
     pub fn new(
@@ -391,7 +240,15 @@ impl Manager {
             token_max_runs: max_sessions,
             epochs: AtomicU64::new(1),
             teardown_deadline: TEARDOWN_DEADLINE,
+            storage: Arc::new(storage::LoopImages),
         })
+    }
+
+    /// Keep workspaces in `storage` instead of loop-mounted images (unit tests:
+    /// `storage::fake::Dirs`).
+    pub fn with_storage(mut self, storage: Arc<dyn Storage>) -> Manager {
+        self.storage = storage;
+        self
     }
 
     /// Set how long a teardown waits before it forces its way.
@@ -402,13 +259,6 @@ impl Manager {
 
     fn next_epoch(&self) -> u64 {
         self.epochs.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Set the per-token quotas (each at most `max_sessions`).
-    pub fn with_token_quotas(mut self, sessions: usize, runs: usize) -> Manager {
-        self.token_max_sessions = sessions.clamp(1, self.max_sessions);
-        self.token_max_runs = runs.clamp(1, self.max_sessions);
-        self
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Live>> {
@@ -478,25 +328,6 @@ impl Manager {
         }
     }
 
-    /// Session `id`'s mounted workspace for one file operation, held until the
-    /// returned [`Use`] is dropped (its teardown waits for that).
-    pub fn open(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Opened, Error> {
-        let key = key(id, owner)?;
-        let mut map = self.lock();
-        let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
-        live.users += 1;
-        let info = shown(&live.info, live.busy, owner);
-        let hold = Use {
-            manager: self.clone(),
-            key: key.clone(),
-            public_id: id.to_string(),
-            epoch: live.epoch,
-            cut: live.cut.clone(),
-            body: false,
-        };
-        Ok(Opened { info, workspace: self.workspace(&key), records: self.records(&key), hold })
-    }
-
     fn persist(&self, info: &SessionInfo) {
         let path = self.session_dir(&key_of(info)).join("session.json");
         let tmp = path.with_extension("json.tmp");
@@ -545,126 +376,20 @@ impl Manager {
         v
     }
 
-    /// Sessions held: ready ones and those being created.
     /// The host uids sessions take, one each ([`crate::uids`]).
     pub fn uid_range(&self) -> std::ops::Range<u32> {
         crate::uids::Ranges::new(self.uid_base, self.max_sessions, None).sessions
     }
 
-    /// The highest host uid a session holds (after [`Manager::recover`], a restart
-    /// with a lower `max_sessions` may have brought back one above the range).
-    pub fn highest_uid(&self) -> Option<u32> {
-        self.lock().values().map(|l| l.info.uid).max()
-    }
-
-    pub fn count(&self) -> usize {
-        self.lock().values().filter(|l| l.phase != Phase::Closing).count()
-    }
-
-    /// [`Manager::count`] by mode (for `GET /metrics`).
-    pub fn count_by_mode(&self) -> [(Mode, usize); 2] {
-        let map = self.lock();
-        let held = |mode| map.values().filter(|l| l.phase != Phase::Closing && l.info.mode == mode).count();
-        [(Mode::Script, held(Mode::Script)), (Mode::Kernel, held(Mode::Kernel))]
-    }
-
-    /// Take the session for one run; `session_busy` at once if a run holds it.
-    pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, Error> {
-        let key = key(id, owner)?;
-        let mut map = self.lock();
-        match Self::ready(&map, &key, owner) {
-            None => return Err(Self::not_found(id)),
-            Some(l) if l.busy => return Err(Error::Busy(id.to_string())),
-            Some(_) => {}
-        }
-        self.check_runs(&map, owner)?;
-        let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
-        let policy = self.policy(Some(&live.info.policy))?;
-        let (tx, rx) = watch::channel(false);
-        live.busy = true;
-        live.cancel = Some(tx);
-        let epoch = live.epoch;
-        Ok(Lease {
-            epoch,
-            manager: self.clone(),
-            id: key.clone(),
-            public_id: id.to_string(),
-            uid: live.info.uid,
-            policy,
-            workspace: self.workspace(&key),
-            mode: live.info.mode,
-            cancel: rx,
-        })
-    }
-
-    /// A token's runs going at once must stay below its quota.
-    fn check_runs(&self, map: &HashMap<String, Live>, owner: Option<&str>) -> Result<(), Error> {
-        let Some(o) = owner else { return Ok(()) };
-        let running = map.values().filter(|l| l.cancel.is_some() && l.info.owner.as_deref() == Some(o)).count();
-        if running >= self.token_max_runs {
-            return Err(Error::TokenMaxRuns(self.token_max_runs));
-        }
-        Ok(())
-    }
-
-    /// `max_runs` if `owner` could not start another run now.
-    pub fn check_run_quota(&self, owner: Option<&str>) -> Result<(), Error> {
-        self.check_runs(&self.lock(), owner)
-    }
-
-    /// Kill the run in flight in session `id`, if any. Returns whether one was.
-    pub fn cancel_run(&self, id: &str, owner: Option<&str>) -> Result<bool, Error> {
-        let key = key(id, owner)?;
-        match Self::ready(&self.lock(), &key, owner) {
-            Some(l) => Ok(l.cancel.as_ref().map(|c| c.send(true).is_ok()).unwrap_or(false)),
-            None => Err(Self::not_found(id)),
-        }
-    }
-
-    /// Kill every running run (daemon shutdown).
-    pub fn cancel_all(&self) {
-        for live in self.lock().values() {
-            if let Some(c) = &live.cancel {
-                let _ = c.send(true);
-            }
-        }
-    }
-
-    pub fn busy_count(&self) -> usize {
-        self.lock().values().filter(|l| l.busy).count()
+    /// The host uids sessions hold (after [`Manager::recover`], a restart with
+    /// another `uid_base` or a lower `max_sessions` may have brought back some
+    /// outside the range).
+    pub fn uids(&self) -> Vec<u32> {
+        self.lock().values().map(|l| l.info.uid).collect()
     }
 
     /// End every kernel (daemon shutdown).
     pub async fn stop_kernels(&self) {
         self.kernels.stop_all().await;
-    }
-}
-
-#[cfg(test)]
-mod key_tests {
-    use super::*;
-
-    #[test]
-    fn each_token_has_its_own_id_space_and_the_operator_addresses_keys() {
-        let a = "0123456789abcdef0123456789abcdef";
-        let b = "fedcba9876543210fedcba9876543210";
-        assert_eq!(key("x", Some(a)).unwrap(), "0123456789abcdef.x");
-        assert_ne!(key("x", Some(a)).unwrap(), key("x", Some(b)).unwrap());
-        assert_eq!(key("x", None).unwrap(), "x");
-        assert_eq!(key("0123456789abcdef.x", None).unwrap(), "0123456789abcdef.x");
-        // A token cannot name a key, and nobody names a malformed one.
-        assert!(matches!(key("0123456789abcdef.x", Some(b)), Err(Error::InvalidId(_))));
-        for bad in [
-            "0123456789ABCDEF.x",
-            "0123.x",
-            "0123456789abcdef.",
-            "0123456789abcdef.x.y",
-            "../x",
-            "",
-            "S/files/x",
-            "a b",
-        ] {
-            assert!(matches!(key(bad, None), Err(Error::InvalidId(_))), "{bad}");
-        }
     }
 }

@@ -1,0 +1,383 @@
+//! The daemon's operations, typed: what the HTTP handlers ([`crate::api`]) and the
+//! MCP tools ([`crate::api::mcp`]) call in-process, and what [`crate::client`]
+//! calls over the API, with the same request and answer structs.
+//!
+//! Each operation takes a [`Caller`] (whose token, if any) and typed input, and
+//! returns a typed answer or an [`Error`]. Nothing here knows HTTP: the API edge
+//! maps an [`Error`] to its status and error code in one place
+//! (`impl From<service::Error> for ApiError`, in `api/error.rs`).
+//!
+//! Here: the seam ([`Operations`], [`FileUpload`]), its types and [`Service`];
+//! `ops.rs` implements every operation on [`Service`], once; `files.rs` and
+//! `records.rs` hold what the file and the run-record operations share.
+
+mod files;
+mod ops;
+mod records;
+
+pub use files::Upload;
+
+use crate::isolate::output::Chunk;
+use crate::listing;
+pub use crate::listing::{FileEntry, Listing};
+use crate::policy::Policy;
+use crate::records::{RunPage, RunRecord};
+use crate::run::{self, Context, RunRequest, RunResult};
+use crate::session::{self, Manager, Mode, SessionInfo};
+use crate::workspace;
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Who is calling: `owner` is the caller's token identity; None sees everything
+/// (no tokens configured, or a Unix-socket caller without a token).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub owner: Option<String>,
+}
+
+impl Caller {
+    fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
+}
+
+/// Why an operation was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Session(#[from] session::Error),
+    #[error(transparent)]
+    Run(#[from] run::Error),
+    #[error(transparent)]
+    Workspace(#[from] workspace::Error),
+    /// A request that contradicts itself or its session; the text says how.
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("upload is larger than the policy's {} MiB limit: split it, or compress it", limit / (1024 * 1024))]
+    UploadTooLarge { limit: u64 },
+    /// A file read whole (MCP's `read_file`) that is larger than the caller takes.
+    #[error("{path} is more than the {limit} bytes that can be read at once")]
+    FileTooLarge { path: String, limit: u64 },
+    #[error("the daemon is shutting down: retry in a moment")]
+    ShuttingDown,
+    /// Too many listings walked or sent at once ([`crate::listing::Slots`]).
+    #[error(transparent)]
+    ListingsBusy(#[from] listing::Busy),
+    /// A run record the session does not have (never made, or pruned: a session
+    /// keeps its newest runs only).
+    #[error("session {session:?} has no run {run_id:?}: list its runs with GET /v1/sessions/{session}/runs (a session keeps its newest {} runs)", crate::records::MAX_RECORDS)]
+    RunNotFound { session: String, run_id: String },
+    /// A host failure; `context` names the step (the cause is logged, not shown).
+    #[error("{context}: {error}")]
+    Internal { context: String, error: String },
+}
+
+impl Error {
+    fn internal(context: &str, error: impl std::fmt::Display) -> Error {
+        Error::Internal { context: context.to_string(), error: error.to_string() }
+    }
+}
+
+/// The body of `POST /v1/sessions`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// Caller-chosen id (`^[A-Za-z0-9_-]{1,64}$`); made up when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = r"^[A-Za-z0-9_-]{1,64}$")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// Idle time before the session is closed, seconds (1 to 30 days; default:
+    /// the daemon's `session_ttl_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub ttl_s: Option<u64>,
+}
+
+/// The answer of an operation that only reports what it did:
+/// `{"status":"closed"}`, `{"status":"cancelled"|"idle"}`,
+/// `{"status":"deleted","path":...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Done {
+    #[schema(example = "closed")]
+    pub status: String,
+    /// The file deleted (`DELETE .../files/{path}` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub path: Option<String>,
+}
+
+impl Done {
+    fn status(status: &str) -> Done {
+        Done { status: status.to_string(), path: None }
+    }
+}
+
+/// The limits of a policy a client states to its user (e.g. in MCP tool
+/// descriptions): a subset of `GET /v1/policies`' entries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyLimits {
+    pub name: String,
+    pub timeout_s: u64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub output_kb: u64,
+    /// Most code a run may send (KiB): MCP checks a run against it before it makes
+    /// a session for the run.
+    pub code_kb: u64,
+    pub upload_mb: u64,
+    pub mcp_inline_mb: u64,
+}
+
+impl From<&Policy> for PolicyLimits {
+    fn from(p: &Policy) -> Self {
+        PolicyLimits {
+            name: p.name.clone(),
+            timeout_s: p.timeout_s,
+            memory_mb: p.memory_mb,
+            cpus: p.cpus,
+            output_kb: p.output_kb,
+            code_kb: p.code_kb,
+            upload_mb: p.upload_mb,
+            mcp_inline_mb: p.mcp_inline_mb,
+        }
+    }
+}
+
+/// A workspace file opened for reading.
+pub struct OpenFile {
+    pub file: std::fs::File,
+    pub size: u64,
+    pub mime_type: String,
+    /// The file's name (its last component), as the workspace holds it.
+    pub name: std::ffi::OsString,
+    /// Holds the session up while the file is read: the open file pins its
+    /// workspace's mount. A streamed answer keeps it as long as it is sent
+    /// ([`session::Use::for_body`]).
+    pub hold: Option<session::Use>,
+}
+
+/// Where a started run's result arrives.
+pub type RunDone = oneshot::Receiver<Result<RunResult, Error>>;
+
+/// What `GET /v1/health` reports from below the API.
+#[derive(Debug, Clone, Default)]
+pub struct Condition {
+    /// What is degraded now (empty: nothing), see [`crate::health`].
+    pub problems: Vec<crate::health::Problem>,
+    /// The cgroup setup, described.
+    pub cgroup: String,
+    pub sessions: usize,
+    pub busy_sessions: usize,
+    pub pool: crate::pool::Stats,
+}
+
+/// What the API (its handlers, and the MCP tools in the daemon) needs from below:
+/// the daemon's operations, as one object-safe trait, held as `Arc<dyn Operations>`
+/// in [`crate::api::AppState`]. [`Service`] is the real one (sessions, sandboxes,
+/// the pool); the router's unit tests put a small in-memory one in its place, so
+/// the router is tested without root or a kernel. Async operations return a boxed
+/// future (a trait object cannot have `async fn`s); handlers just `.await` them.
+pub trait Operations: Send + Sync + 'static {
+    /// A policy by name (`None`: the default one).
+    fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, Error>;
+    /// Every policy loaded.
+    fn policies(&self) -> Vec<Policy>;
+    /// The largest code any policy allows, in bytes.
+    fn max_code_bytes(&self) -> Option<usize>;
+    fn create_session<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: CreateSession,
+    ) -> BoxFuture<'a, Result<SessionInfo, Error>>;
+    fn get_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, Error>;
+    fn list_sessions(&self, caller: &Caller) -> Vec<SessionInfo>;
+    /// Close a session: kill its run, if any, and remove its files.
+    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Done, Error>>;
+    /// Stop the run in flight in a session (it ends with status `killed`).
+    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, Error>;
+    /// Start `req` in its session (`req.session_id`), or in a new one made for it.
+    /// The run goes on in a task of its own, so a caller that goes away cannot
+    /// abort it halfway; its output goes to `chunks` as it comes, and the result
+    /// to the returned receiver.
+    fn start_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: RunRequest,
+        chunks: Option<mpsc::Sender<Chunk>>,
+    ) -> BoxFuture<'a, Result<RunDone, Error>>;
+    /// The workspace's files in path order, and whether that is only their first
+    /// part ([`crate::listing`]: at most [`listing::MAX_JSON`] of JSON, and the
+    /// walk's bounds), once a place among the listings in flight is free.
+    /// A path (here and below) is in its text form ([`crate::names`]).
+    fn listing<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Listing, Error>>;
+    /// Open a workspace file to stream it.
+    fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error>;
+    /// Start writing a workspace file, within the policy's upload limit; feed it
+    /// with [`FileUpload::write`].
+    fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool)
+        -> Result<Box<dyn FileUpload>, Error>;
+    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error>;
+    /// What is degraded now (the problems [`crate::health`] finds), and the
+    /// counters `GET /v1/health` shows.
+    fn condition(&self) -> BoxFuture<'_, Condition>;
+    /// The host check, as the daemon finds the host now (`GET /v1/check`).
+    fn check_host(&self) -> BoxFuture<'_, crate::check::Report>;
+    /// Up to `limit` of the session's run records, newest first, older than run
+    /// `before` when given ([`crate::records`]).
+    fn list_runs<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<RunPage, Error>>;
+    /// One run record of the session.
+    fn get_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<RunRecord, Error>>;
+
+    /// What `GET /metrics` reads at a scrape (the pool, the sessions).
+    fn metrics_live(&self) -> crate::metrics::Live {
+        crate::metrics::Live::default()
+    }
+
+    /// [`Operations::start_run`], waiting for the result.
+    fn run<'a>(&'a self, caller: &'a Caller, req: RunRequest) -> BoxFuture<'a, Result<RunResult, Error>> {
+        Box::pin(async move {
+            let done = self.start_run(caller, req, None).await?;
+            done.await.map_err(|e| Error::internal("waiting for the run", e))?
+        })
+    }
+
+    /// Every file in the session's workspace, recursively.
+    fn list_files<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Vec<FileEntry>, Error>> {
+        Box::pin(async move { Ok(self.listing(caller, id).await?.files.iter().collect()) })
+    }
+
+    /// A workspace file's bytes, at most `limit` of them: a larger file is
+    /// [`Error::FileTooLarge`], found without reading more than `limit + 1` bytes.
+    fn read_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
+        Box::pin(async move {
+            let opened = self.open_file(caller, id, path)?;
+            let too_large = || Error::FileTooLarge { path: path.to_string(), limit };
+            if opened.size > limit {
+                return Err(too_large());
+            }
+            let bytes = tokio::task::spawn_blocking(move || {
+                let mut bytes = vec![];
+                opened.file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map(|_| bytes)
+            })
+            .await
+            .map_err(|e| Error::internal("reading a file", e))?
+            .map_err(|e| Error::from(workspace::Error::Io(path.to_string(), e)))?;
+            if bytes.len() as u64 > limit {
+                return Err(too_large());
+            }
+            Ok(bytes)
+        })
+    }
+}
+
+/// A workspace file being written ([`Operations::create_file`]). Call
+/// [`FileUpload::finish`] when all is written, or [`FileUpload::abort`] to leave nothing.
+pub trait FileUpload: Send {
+    fn write(&mut self, chunk: &[u8]) -> Result<(), Error>;
+    /// Flush the file and describe it; on failure nothing half-written is kept.
+    fn finish(self: Box<Self>) -> Result<FileEntry, Error>;
+    /// Remove what was written.
+    fn abort(self: Box<Self>);
+    /// Cancelled when the session's teardown begins: stop waiting for the body.
+    fn closed(&self) -> Option<tokio_util::sync::CancellationToken> {
+        None
+    }
+}
+
+/// The daemon's operations over its sessions, runs and files. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    sessions: Arc<Manager>,
+    ctx: Context,
+    draining: Arc<AtomicBool>,
+    listings: Arc<listing::Slots>,
+    /// What the host check looks at: the daemon's configuration, and every uid
+    /// its sandboxes run as (recovered sessions' included).
+    check: Arc<crate::check::Inputs>,
+}
+
+impl Service {
+    pub fn new(sessions: Arc<Manager>, ctx: Context, check: crate::check::Inputs) -> Service {
+        let listings = listing::Slots::new(listing::IN_FLIGHT, listing::TOKEN_IN_FLIGHT, listing::WAIT);
+        Service {
+            sessions,
+            ctx,
+            draining: Arc::new(AtomicBool::new(false)),
+            listings: Arc::new(listings),
+            check: Arc::new(check),
+        }
+    }
+
+    /// Refuse new runs from now on (daemon shutdown).
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the API serves is what the typed client reads back.
+    #[test]
+    fn answers_read_back_as_the_typed_structs() {
+        let policy = Policy { name: "default".into(), timeout_s: 17, ..Policy::default() };
+        let limits: PolicyLimits = serde_json::from_value(serde_json::to_value(&policy).unwrap()).unwrap();
+        assert_eq!(limits, PolicyLimits::from(&policy));
+        assert_eq!(limits.timeout_s, 17);
+
+        let info = SessionInfo {
+            id: "s".into(),
+            mode: Mode::Kernel,
+            policy: "default".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_used_at: "2026-01-01T00:00:00Z".into(),
+            ttl_s: 5,
+            owner: None,
+            uid: 7,
+            busy: true,
+        };
+        let back: SessionInfo = serde_json::from_value(serde_json::to_value(&info).unwrap()).unwrap();
+        assert!(back.busy && back.mode == Mode::Kernel && back.uid == 7);
+        // A mode's name (the metrics' `mode` label) is the API's.
+        for mode in [Mode::Script, Mode::Kernel] {
+            assert_eq!(serde_json::to_value(mode).unwrap(), mode.name());
+        }
+
+        // A client's request passes the daemon's `deny_unknown_fields`, absent fields left out.
+        let req = RunRequest { code: "1".into(), timeout_s: Some(2.5), ..RunRequest::default() };
+        let sent = serde_json::to_value(&req).unwrap();
+        assert_eq!(sent, serde_json::json!({"code": "1", "language": "python", "timeout_s": 2.5}));
+        let got: RunRequest = serde_json::from_value(sent).unwrap();
+        assert_eq!(got.timeout_s, Some(2.5));
+        let sent = serde_json::to_value(CreateSession { mode: Some(Mode::Script), ..Default::default() }).unwrap();
+        assert_eq!(sent, serde_json::json!({"mode": "script"}));
+
+        assert_eq!(serde_json::to_value(Done::status("closed")).unwrap(), serde_json::json!({"status": "closed"}));
+    }
+}

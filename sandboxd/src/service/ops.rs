@@ -1,0 +1,273 @@
+//! The real operations: [`Operations`] implemented on [`Service`], each
+//! operation written once, here (sessions, runs, files, run records, the
+//! daemon's condition, the host check). What the file operations share is in
+//! `files.rs`, the way to the run records in `records.rs`.
+
+use super::files::Upload;
+use super::records::{self, blocking};
+use super::{Caller, Condition, CreateSession, Done, Error, FileUpload, OpenFile, Operations, RunDone, Service};
+use crate::artifacts;
+use crate::check;
+use crate::isolate::output::Chunk;
+use crate::listing::{self, Listing};
+use crate::names;
+use crate::policy::Policy;
+use crate::records::{RunPage, RunRecord};
+use crate::run::{self, RunRequest};
+use crate::session::{Lease, Mode, SessionInfo};
+use futures_util::future::BoxFuture;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+impl Operations for Service {
+    fn policy(&self, name: Option<&str>) -> Result<Arc<Policy>, Error> {
+        Ok(self.sessions.policy(name)?)
+    }
+
+    fn policies(&self) -> Vec<Policy> {
+        self.sessions.policies().map(|p| (**p).clone()).collect()
+    }
+
+    fn max_code_bytes(&self) -> Option<usize> {
+        self.sessions.policies().map(|p| p.code_bytes()).max()
+    }
+
+    fn create_session<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: CreateSession,
+    ) -> BoxFuture<'a, Result<SessionInfo, Error>> {
+        Box::pin(async move {
+            Ok(self
+                .sessions
+                .create(req.id, req.policy.as_deref(), req.mode.unwrap_or_default(), req.ttl_s, caller.owner())
+                .await?)
+        })
+    }
+
+    fn get_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, Error> {
+        Ok(self.sessions.get(id, caller.owner())?)
+    }
+
+    fn list_sessions(&self, caller: &Caller) -> Vec<SessionInfo> {
+        self.sessions.list(caller.owner())
+    }
+
+    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Done, Error>> {
+        Box::pin(async move {
+            self.sessions.close(id, caller.owner()).await?;
+            Ok(Done::status("closed"))
+        })
+    }
+
+    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, Error> {
+        let cancelled = self.sessions.cancel_run(id, caller.owner())?;
+        Ok(Done::status(if cancelled { "cancelled" } else { "idle" }))
+    }
+
+    fn start_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        req: RunRequest,
+        chunks: Option<mpsc::Sender<Chunk>>,
+    ) -> BoxFuture<'a, Result<RunDone, Error>> {
+        Box::pin(async move {
+            let owner = caller.owner();
+            let lease = match &req.session_id {
+                Some(id) => {
+                    let lease = self.sessions.lease(id, owner)?;
+                    check_policy(&req, &lease)?;
+                    lease
+                }
+                None => {
+                    run::validate(&req, &*self.sessions.policy(req.policy.as_deref())?)?;
+                    // Refuse before a session is made for a run the token may not start.
+                    self.sessions.check_run_quota(owner)?;
+                    let info = self.sessions.create(None, req.policy.as_deref(), Mode::Script, None, owner).await?;
+                    match self.sessions.lease(&info.id, owner) {
+                        Ok(lease) => lease,
+                        Err(e) => {
+                            // Another run of the token's took the last place meanwhile.
+                            let _ = self.sessions.close(&info.id, owner).await;
+                            return Err(e.into());
+                        }
+                    }
+                }
+            };
+            if self.draining.load(Ordering::SeqCst) {
+                return Err(Error::ShuttingDown);
+            }
+            // The run is accepted: from here on it has a record, written beside the
+            // sandbox's start rather than before it.
+            let run_id = run::new_run_id();
+            let records = self.sessions.records(&lease.id);
+            let record = RunRecord::accepted(&run_id, req.language, lease.mode, &req.code);
+            let begun = blocking(records.clone(), move |r| r.begin(record));
+            let (done_tx, done_rx) = oneshot::channel();
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                let (result, begun) = tokio::join!(run::execute(&ctx, &lease, &req, &run_id, chunks), begun);
+                let result = result.map_err(Error::from);
+                match begun {
+                    Ok(mut pending) => {
+                        pending.record.ended(result.as_ref().map_err(record_error));
+                        // Written while the lease still holds the session (its teardown
+                        // waits), and before the caller hears of the result.
+                        if let Err(e) = blocking(records, move |r| r.finish(&pending)).await {
+                            tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record");
+                        }
+                    }
+                    // The run went on without one: the host's disk is the operator's to fix.
+                    Err(e) => {
+                        tracing::warn!(session_id = %lease.id, run_id = %run_id, error = %e, "could not keep the run's record")
+                    }
+                }
+                drop(lease);
+                let _ = done_tx.send(result);
+            });
+            Ok(done_rx)
+        })
+    }
+
+    fn listing<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Listing, Error>> {
+        Box::pin(async move {
+            // An unknown session is told so at once, not after a wait for a place.
+            self.sessions.get(id, caller.owner())?;
+            let slot = self.listings.take(caller.owner()).await?;
+            let (ws, _, hold) = self.open_workspace(caller, id)?;
+            let prefix = format!("{}/v1/sessions/{id}/files/", self.ctx.public_url);
+            let (mut files, walked, slot) = tokio::task::spawn_blocking(move || {
+                // The place goes with the walk: a client that leaves meanwhile does
+                // not free it while the walk still holds its memory.
+                let listed = listing::walk(&ws, prefix);
+                drop(hold);
+                listed.map(|(files, walked)| (files, walked, slot))
+            })
+            .await
+            .map_err(|e| Error::internal("listing files", e))??;
+            files.hold(slot);
+            Ok(Listing { files, partial: walked.partial })
+        })
+    }
+
+    fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
+        let rel = names::path_of(path)?;
+        let (ws, _, hold) = self.open_workspace(caller, id)?;
+        let (file, meta) = ws.open_read(&rel)?;
+        let name = rel.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name, hold: Some(hold) })
+    }
+
+    fn create_file(
+        &self,
+        caller: &Caller,
+        id: &str,
+        path: &str,
+        overwrite: bool,
+    ) -> Result<Box<dyn FileUpload>, Error> {
+        let rel = names::path_of(path)?;
+        let (ws, info, hold) = self.open_workspace(caller, id)?;
+        let limit = self.sessions.policy(Some(&info.policy))?.upload_bytes();
+        let file = ws.create(&rel, overwrite)?;
+        let url = self.file_url(id, &rel);
+        Ok(Box::new(Upload::new(ws, rel, file, limit, url, hold)))
+    }
+
+    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error> {
+        let rel = names::path_of(path)?;
+        let (ws, _, _hold) = self.open_workspace(caller, id)?;
+        ws.remove(&rel)?;
+        Ok(Done { status: "deleted".into(), path: Some(names::text(rel.as_os_str().as_bytes())) })
+    }
+
+    fn condition(&self) -> BoxFuture<'_, Condition> {
+        Box::pin(async move {
+            let ctx = &self.ctx;
+            let facts = crate::health::Facts::gather(
+                &ctx.rootfs,
+                &ctx.sandboxes.cgroups,
+                ctx.pool.start_errors(),
+                self.check_host().await,
+            );
+            Condition {
+                problems: facts.problems(),
+                cgroup: ctx.sandboxes.cgroups.describe(),
+                sessions: self.sessions.count(),
+                busy_sessions: self.sessions.busy_count(),
+                pool: ctx.pool.stats(),
+            }
+        })
+    }
+
+    fn check_host(&self) -> BoxFuture<'_, check::Report> {
+        Box::pin(check::now((*self.check).clone()))
+    }
+
+    fn metrics_live(&self) -> crate::metrics::Live {
+        let pool = self.ctx.pool.stats();
+        crate::metrics::Live {
+            pool_idle: pool.ready_by_policy.into_iter().collect(),
+            pool_hits: pool.hits,
+            pool_misses: pool.misses,
+            sessions: self.sessions.count_by_mode().into_iter().map(|(m, n)| (m.name().to_string(), n)).collect(),
+        }
+    }
+
+    fn list_runs<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<RunPage, Error>> {
+        Box::pin(async move {
+            let wanted = before.map(str::to_string);
+            let page = records::read(&self.sessions, caller, id, "reading the session's run records", move |r| {
+                r.page(wanted.as_deref(), limit)
+            })
+            .await?;
+            page.ok_or_else(|| Error::RunNotFound {
+                session: id.to_string(),
+                run_id: before.unwrap_or_default().into(),
+            })
+        })
+    }
+
+    fn get_run<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<RunRecord, Error>> {
+        Box::pin(async move {
+            let wanted = run_id.to_string();
+            let record =
+                records::read(&self.sessions, caller, id, "reading a run record", move |r| r.get(&wanted)).await?;
+            record.ok_or_else(|| Error::RunNotFound { session: id.to_string(), run_id: run_id.to_string() })
+        })
+    }
+}
+
+/// What a run's record says of the error that stopped it: what its caller was
+/// told, without a host failure's details (those are in the daemon's log).
+fn record_error(e: &Error) -> String {
+    match e {
+        Error::Internal { context, .. } | Error::Run(run::Error::Internal { context, .. }) => {
+            format!("{context} failed on the server; the daemon log has the cause")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// A run in an existing session keeps the session's policy.
+fn check_policy(req: &RunRequest, lease: &Lease) -> Result<(), Error> {
+    match &req.policy {
+        Some(p) if *p != lease.policy.name => Err(Error::InvalidRequest(format!(
+            "session {:?} uses policy {:?}; a session's policy is fixed: create a new session for policy {p:?}",
+            lease.id, lease.policy.name
+        ))),
+        _ => run::validate(req, &lease.policy).map(|_| ()).map_err(Error::from),
+    }
+}

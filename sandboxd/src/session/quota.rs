@@ -1,0 +1,205 @@
+//! What a session or a run may take: sessions held (daemon-wide and per token),
+//! a token's runs going at once, and the state directory's room for every
+//! session's workspace filled up. Sessions being torn down still hold their
+//! workspace, loop device and uid: they count until their teardown has ended, so
+//! churning creates and closes never holds more than the quotas.
+
+use super::{Error, Live, Manager, Mode, Phase};
+use crate::policy::Policy;
+use std::collections::HashMap;
+
+/// How a quota refusal names the sessions that still count while torn down.
+pub(super) fn closing_note(closing: usize) -> String {
+    match closing {
+        0 => String::new(),
+        n => format!(", {n} of them still being closed (retry in a moment)"),
+    }
+}
+
+impl Manager {
+    /// Set the per-token quotas (each at most `max_sessions`).
+    pub fn with_token_quotas(mut self, sessions: usize, runs: usize) -> Manager {
+        self.token_max_sessions = sessions.clamp(1, self.max_sessions);
+        self.token_max_runs = runs.clamp(1, self.max_sessions);
+        self
+    }
+
+    /// A new session for `owner` must stay within its token's quota and the
+    /// daemon's; sessions being closed count.
+    pub(super) fn check_sessions(&self, map: &HashMap<String, Live>, owner: Option<&str>) -> Result<(), Error> {
+        let closing = |l: &Live| l.phase == Phase::Closing;
+        if let Some(o) = owner {
+            let mine: Vec<&Live> = map.values().filter(|l| l.info.owner.as_deref() == Some(o)).collect();
+            if mine.len() >= self.token_max_sessions {
+                let closing = mine.iter().filter(|l| closing(l)).count();
+                return Err(Error::TokenMaxSessions { max: self.token_max_sessions, closing });
+            }
+        }
+        if map.len() >= self.max_sessions {
+            let closing = map.values().filter(|l| closing(l)).count();
+            return Err(Error::MaxSessions { max: self.max_sessions, closing });
+        }
+        Ok(())
+    }
+
+    /// Refuse a new session of `policy` when the state directory's filesystem could
+    /// not hold every session's workspace filled up (images are sparse: each can
+    /// still grow by its size less what it already takes), this one included, with
+    /// each session's run records ([`crate::records::RESERVE`]).
+    pub(super) fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
+        // A filesystem that cannot say (or a failure to ask) refuses nothing.
+        let Some(free) = self.storage.free(&self.dir) else { return Ok(()) };
+        let per_session = crate::records::RESERVE;
+        let held: u64 = map
+            .iter()
+            .filter(|(_, l)| l.phase != Phase::Closing)
+            .map(|(key, l)| {
+                // The image's own size (its policy may have changed since it was
+                // made), less what it already takes; one not made yet, its policy's.
+                let room = self
+                    .storage
+                    .room(&self.session_dir(key))
+                    .unwrap_or_else(|| self.policies.get(&l.info.policy).map(|p| p.workspace_bytes()).unwrap_or(0));
+                room.saturating_add(per_session)
+            })
+            .sum();
+        let wanted = policy.workspace_bytes().saturating_add(per_session);
+        if held.saturating_add(wanted) > free {
+            const MIB: u64 = 1024 * 1024;
+            return Err(Error::InsufficientStorage {
+                free_mb: free / MIB,
+                held_mb: held.div_ceil(MIB),
+                wanted_mb: wanted.div_ceil(MIB),
+                policy: policy.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A token's runs going at once must stay below its quota.
+    pub(super) fn check_runs(&self, map: &HashMap<String, Live>, owner: Option<&str>) -> Result<(), Error> {
+        let Some(o) = owner else { return Ok(()) };
+        let running = map.values().filter(|l| l.cancel.is_some() && l.info.owner.as_deref() == Some(o)).count();
+        if running >= self.token_max_runs {
+            return Err(Error::TokenMaxRuns(self.token_max_runs));
+        }
+        Ok(())
+    }
+
+    /// `max_runs` if `owner` could not start another run now.
+    pub fn check_run_quota(&self, owner: Option<&str>) -> Result<(), Error> {
+        self.check_runs(&self.lock(), owner)
+    }
+
+    /// Sessions held: ready ones and those being created.
+    pub fn count(&self) -> usize {
+        self.lock().values().filter(|l| l.phase != Phase::Closing).count()
+    }
+
+    /// [`Manager::count`] by mode (for `GET /metrics`).
+    pub fn count_by_mode(&self) -> [(Mode, usize); 2] {
+        let map = self.lock();
+        let held = |mode| map.values().filter(|l| l.phase != Phase::Closing && l.info.mode == mode).count();
+        [(Mode::Script, held(Mode::Script)), (Mode::Kernel, held(Mode::Kernel))]
+    }
+
+    /// Sessions with a run going.
+    pub fn busy_count(&self) -> usize {
+        self.lock().values().filter(|l| l.busy).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{dir, manager, OTHER, OWNER};
+    use super::*;
+    use crate::storage::fake::Dirs;
+    use crate::storage::Storage;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[tokio::test]
+    async fn a_token_holds_at_most_its_sessions_and_the_daemon_its_own() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 3).with_token_quotas(2, 1));
+        let create = |id: &str, owner: Option<&'static str>| {
+            let (m, id) = (m.clone(), id.to_string());
+            async move { m.create(Some(id), None, Mode::Script, None, owner).await }
+        };
+        create("a", Some(OWNER)).await.unwrap();
+        create("b", Some(OWNER)).await.unwrap();
+        let refused = create("c", Some(OWNER)).await.unwrap_err();
+        assert!(matches!(refused, Error::TokenMaxSessions { max: 2, closing: 0 }), "{refused:?}");
+        assert!(!refused.to_string().contains("being closed"), "{refused}");
+        create("x", Some(OTHER)).await.unwrap();
+        for owner in [Some(OTHER), None] {
+            let refused = create("y", owner).await.unwrap_err();
+            assert!(matches!(refused, Error::MaxSessions { max: 3, closing: 0 }), "{refused:?}");
+        }
+        assert_eq!((m.count(), m.count_by_mode()), (3, [(Mode::Script, 3), (Mode::Kernel, 0)]));
+        m.close("a", Some(OWNER)).await.unwrap();
+        create("c", Some(OWNER)).await.unwrap();
+        // A token's quota is at most the daemon's, and at least one.
+        let clamped = manager(state.path(), &storage, 3).with_token_quotas(10, 0);
+        assert_eq!((clamped.token_max_sessions, clamped.token_max_runs), (3, 1));
+    }
+
+    #[tokio::test]
+    async fn a_token_runs_at_most_its_quota_at_once() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4).with_token_quotas(4, 1));
+        for (id, owner) in [("a", Some(OWNER)), ("b", Some(OWNER)), ("x", Some(OTHER)), ("o", None)] {
+            m.create(Some(id.into()), None, Mode::Script, None, owner).await.unwrap();
+        }
+        let first = m.lease("a", Some(OWNER)).unwrap();
+        assert!(matches!(m.check_run_quota(Some(OWNER)), Err(Error::TokenMaxRuns(1))));
+        assert!(matches!(m.lease("b", Some(OWNER)), Err(Error::TokenMaxRuns(1))));
+        // Another token's runs, and the operator's, are not this token's.
+        m.check_run_quota(Some(OTHER)).unwrap();
+        let theirs = m.lease("x", Some(OTHER)).unwrap();
+        let operators = m.lease("o", None).unwrap();
+        assert_eq!(m.busy_count(), 3);
+        drop(first);
+        m.check_run_quota(Some(OWNER)).unwrap();
+        let second = m.lease("b", Some(OWNER)).unwrap();
+        drop((second, theirs, operators));
+        assert_eq!(m.busy_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_session_is_refused_when_the_disk_could_not_hold_every_workspace_filled() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 8));
+        // Room for two sessions' workspaces (1 MiB each) and run records.
+        let wanted = MIB + crate::records::RESERVE;
+        storage.free.store(2 * wanted, Ordering::Relaxed);
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        m.create(Some("b".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        // What each can still grow by: its image's size less what it takes.
+        let held: u64 = ["a", "b"]
+            .iter()
+            .map(|id| storage.room(&dir(state.path(), &format!("{}.{id}", &OWNER[..16]))).unwrap())
+            .map(|room| room + crate::records::RESERVE)
+            .sum();
+        let refused = m.create(Some("c".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap_err();
+        let expected = (2 * wanted / MIB, held.div_ceil(MIB), wanted.div_ceil(MIB));
+        match refused {
+            Error::InsufficientStorage { free_mb, held_mb, wanted_mb, policy } => {
+                assert_eq!(
+                    (free_mb, held_mb, wanted_mb, policy.as_str()),
+                    (expected.0, expected.1, expected.2, "default")
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(m.count(), 2, "the refused one holds nothing");
+        // With room enough, it is made.
+        storage.free.store(u64::MAX, Ordering::Relaxed);
+        m.create(Some("c".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+    }
+}
