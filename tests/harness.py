@@ -46,6 +46,38 @@ max_artifacts = 5
 """
 
 
+# Every daemon of a test run gets uids of its own: two daemons on one range would
+# share their sandboxes' and templates' host uids, and one's leftover check would count
+# the other's processes (a CI run failed so: two daemons drew the same random base).
+UID_SPAN = 2000
+_uid_bases_taken = set()
+
+
+def _uids_in_use(first, span):
+    """Whether any process on the host runs with a uid in [first, first + span)."""
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            uids = (p / "status").read_text().split("Uid:")[1].split()[:4]
+        except (OSError, IndexError):
+            continue
+        if any(first <= int(u) < first + span for u in uids):
+            return True
+    return False
+
+
+def pick_uid_base():
+    """A uid base no daemon of this process has had and no host process is in."""
+    bases = [700_000 + i * UID_SPAN for i in range(1000)]
+    random.shuffle(bases)
+    for base in bases:
+        if base not in _uid_bases_taken and not _uids_in_use(base, UID_SPAN):
+            _uid_bases_taken.add(base)
+            return base
+    raise RuntimeError("no free uid range for a test daemon")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,7 +123,7 @@ class Daemon:
         self.socket = self.base / "sandboxd.sock"
         self.port = free_port()
         self.instance = "sdtest-%06x" % random.randrange(1 << 24)
-        self.uid_base = 700_000 + random.randrange(0, 200) * 1000
+        self.uid_base = pick_uid_base()
         self.policies = self.base / "policies"
         self.log_path = self.base / "daemon.log"
         self.tokens = tokens or []
@@ -235,7 +267,7 @@ class Daemon:
                 uid = int((p / "status").read_text().split("Uid:")[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if self.uid_base <= uid < self.uid_base + 1000:
+            if self.uid_base <= uid < self.uid_base + UID_SPAN:
                 if running and (self.is_pooled_python(p.name) or self.is_pooled_python(p.name, init=True)):
                     continue
                 procs.append((p.name, uid, _cmdline(p.name)[:4]))

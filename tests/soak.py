@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Daemon, scratch_dir  # noqa: E402
+from harness import UID_SPAN, Daemon, scratch_dir  # noqa: E402
 
 CLIENTS = 8
 # kind -> weight
@@ -365,7 +365,7 @@ def leftovers(d):
     """What the stopped daemon's instance left on the host (d.proc has exited)."""
     base = str(d.base)
     found = {"processes": [], "mounts": [], "loop devices": [], "cgroups": []}
-    uids = range(d.uid_base, d.uid_base + 1000)
+    uids = range(d.uid_base, d.uid_base + UID_SPAN)
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
