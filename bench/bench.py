@@ -18,6 +18,14 @@ no other run. The throughput rows keep 8 clients busy against each daemon; the
 pooled daemon's runs queue briefly for a template coming back from its last run,
 or fall back to cold sandboxes, and its row says how many runs per second its
 templates served.
+
+    python3 bench/bench.py --vs OTHER/target/release/sandboxd
+
+compares two builds of the daemon (say, main and the commit before a change) in the
+same rounds: each sandboxd row is measured for both, side by side, and the table
+adds each row's ratio of this build to the other (`vs other`), so a change's cost is
+read apart from how busy the machine was. The other build's libsandboxd.so must be
+beside its binary (as `cargo build --release` leaves it).
 """
 
 import argparse
@@ -158,7 +166,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    ap.add_argument("--vs", metavar="SANDBOXD", help="another build's daemon binary, measured in the same rounds")
     args = ap.parse_args()
+    if args.vs:
+        return versus(args)
 
     cold_daemon = Daemon(scratch_dir("bench-cold-"), args=["--pool-size", "0"]).start()
     daemon = Daemon(scratch_dir("bench-")).start()
@@ -263,6 +274,82 @@ def main():
           f"{ms['filter'] / ms['allow_all']:.1f}x, {ms['filter'] - ms['allow_all']:.3f} ms more per sandbox")
     if args.json:
         print(json.dumps({"rows": {name: r for name, r in results}, **extra}, indent=1))
+
+
+class Build:
+    """One build's pair of daemons (pool off, pool on) and a session in each, with a
+    kernel session warmed as a user's first cell would."""
+
+    def __init__(self, label, binary):
+        self.label = label
+        self.cold = Daemon(scratch_dir("bench-cold-"), args=["--pool-size", "0"], binary=binary).start()
+        self.pooled = Daemon(scratch_dir("bench-"), binary=binary).start()
+        self.cold_api, self.api = Api(self.cold.port), Api(self.pooled.port)
+        with self.cold.http() as c:
+            self.cold_sid = c.post("/v1/sessions", json={}).json()["id"]
+        with self.pooled.http() as c:
+            self.sid = c.post("/v1/sessions", json={}).json()["id"]
+            self.kernel_sid = c.post("/v1/sessions", json={"mode": "kernel"}).json()["id"]
+        self.run("import numpy, pandas, matplotlib.pyplot", self.api, self.kernel_sid)
+
+    @staticmethod
+    def run(code, api, session, language="python"):
+        status, text = api.post("/v1/runs", {"code": code, "session_id": session, "language": language})
+        if status != 200 or json.loads(text)["status"] != "ok":
+            raise SystemExit(f"run failed: {text[:500]!r}")
+
+    def systems(self, workload, code):
+        return [
+            (f"{workload}: cold, {self.label}", lambda: self.run(code, self.cold_api, self.cold_sid)),
+            (f"{workload}: pooled, {self.label}", lambda: self.run(code, self.api, self.sid)),
+            (f"{workload}: kernel session, {self.label}", lambda: self.run(code, self.api, self.kernel_sid)),
+        ]
+
+    def stop(self):
+        for d in (self.cold, self.pooled):
+            d.stop()
+            shutil.rmtree(d.base, ignore_errors=True)
+
+
+def versus(args):
+    """This build against `args.vs`, row by row in the same rounds (see the module doc)."""
+    builds = []
+    try:
+        builds = [Build("this build", BIN), Build("other build", Path(args.vs).resolve())]
+        pools_full = lambda: [b.pooled.wait_pool_ready() for b in builds]  # noqa: E731
+        rows = []
+        for workload, code in WORKLOADS:
+            systems = [s for b in builds for s in b.systems(workload, code)]
+            runs = args.runs if workload != "plot" else max(5, args.runs // 4)
+            rows += interleaved(systems, runs, before=pools_full)
+        for b in builds:
+            rows += interleaved([(f"shell `true`: cold, {b.label}",
+                                  lambda b=b: b.run("true", b.cold_api, b.cold_sid, "shell"))], args.runs)
+        rps = {}
+        for b in builds:
+            sessions = []
+            with b.pooled.http() as c:
+                sessions = [c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
+            rps[b.label] = throughput(lambda s, b=b: b.run("print(1)", b.api, s), sessions)
+    finally:
+        for b in builds:
+            b.stop()
+    measured = dict(rows)
+    print(f"\nsandboxd bench --vs {args.vs}: {args.runs} runs each (plots: fewer), {os.cpu_count()} cores, "
+          f"{time.strftime('%Y-%m-%d')}, both builds in the same rounds\n")
+    print(f"| {'workload: system':<40} | {'this p50':>8} | {'other p50':>9} | {'vs other':>8} |")
+    print(f"|{'-' * 42}|{'-' * 10}|{'-' * 11}|{'-' * 10}|")
+    for name, r in rows:
+        if not name.endswith(", this build"):
+            continue
+        row = name[: -len(", this build")]
+        other = measured[f"{row}, other build"]
+        print(f"| {row:<40} | {r['p50']:8.1f} | {other['p50']:9.1f} | {r['p50'] / other['p50']:8.2f} |")
+    this, other = rps["this build"], rps["other build"]
+    print(f"\nthroughput, print(1), 8 clients, pooled daemon: this {this:.1f} runs/s, other {other:.1f} runs/s: "
+          f"{this / other:.2f}x")
+    if args.json:
+        print(json.dumps({"rows": measured, "rps": rps}, indent=1))
 
 
 if __name__ == "__main__":

@@ -106,19 +106,21 @@ def _cmdline(pid):
         return []
 
 
-def _is_slot(pid):
+def _is_slot(pid, binary=None):
     """A daemon's slot process: our binary, run as `sandboxd __sandbox`, as root."""
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
         uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
     except (OSError, IndexError, ValueError):
         return False
-    return exe == os.path.realpath(BIN) and _cmdline(pid) == ["sandboxd", "__sandbox"] and uid == 0
+    return exe == os.path.realpath(binary or BIN) and _cmdline(pid) == ["sandboxd", "__sandbox"] and uid == 0
 
 
 class Daemon:
-    def __init__(self, base, policies=None, args=(), env=None, tokens=None):
+    def __init__(self, base, policies=None, args=(), env=None, tokens=None, binary=None):
         self.base = Path(base)
+        # Another build of the daemon (bench.py --vs), its libsandboxd.so beside it.
+        self.binary = Path(binary or BIN)
         self.state = self.base / "state"
         self.socket = self.base / "sandboxd.sock"
         self.port = free_port()
@@ -147,7 +149,7 @@ class Daemon:
 
     def command(self):
         cmd = [
-            str(BIN),
+            str(self.binary),
             "--state-dir", str(self.state),
             "--socket", str(self.socket),
             "--http", f"127.0.0.1:{self.port}",
@@ -287,13 +289,13 @@ class Daemon:
                     members = (d / "cgroup.procs").read_text().split()
                 except FileNotFoundError:  # removed since it was listed
                     continue
-                slot = running and len(members) == 1 and _is_slot(members[0])
+                slot = running and len(members) == 1 and _is_slot(members[0], self.binary)
                 # A pooled template: the slot and the sandbox's helper (root), its init,
                 # and the template interpreter, all the pool's uid; once ready, with its
                 # fork waiting for the next run (outer process, the fork's init, its
                 # program): 7 in all. While it still imports (a loaded machine), 4.
                 pythons = sum(map(self.is_pooled_python, members))
-                pooled = (running and len(members) in (4, 7) and sum(map(_is_slot, members)) == 2
+                pooled = (running and len(members) in (4, 7) and sum(_is_slot(m, self.binary) for m in members) == 2
                           and sum(self.is_pooled_python(m, init=True) for m in members) == 1
                           and pythons == len(members) - 3)
                 if not (slot or pooled):
