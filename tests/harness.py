@@ -54,7 +54,15 @@ _uid_bases_taken = set()
 
 
 def _uids_in_use(first, span):
-    """Whether any process on the host runs with a uid in [first, first + span)."""
+    """Whether any process on the host runs with a uid in [first, first + span), or
+    a daemon (of another test run, say) claimed one (sandboxd/src/uids/claim.rs)."""
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 7 and fields[7].startswith("@sandboxd-uids/"):
+            for claimed in fields[7].split("/")[-1].split(","):
+                lo, _, hi = claimed.partition("-")
+                if lo.isdigit() and hi.isdigit() and int(lo) < first + span and first < int(hi):
+                    return True
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue

@@ -16,7 +16,10 @@ own host uid's; each was held, and is now refused or bounded:
   owned the sandbox's namespaces;
 - a restart with a lower `uid_base` kept recovered sessions on their old uids and
   put the pool above them, outside the range the start check looked at: a host
-  group made there in between owned a pooled template's user namespace.
+  group made there in between owned a pooled template's user namespace;
+- two daemons on one host could be given overlapping uid ranges (two test daemons
+  drew the same base in a CI run): their sandboxes then shared host uids, so one
+  daemon's tenant owned the other's sandboxes' user namespaces.
 """
 
 import json
@@ -260,6 +263,55 @@ def test_no_host_account_owns_a_sandboxs_user_namespace():
         assert not (d.state / "sessions").exists() or not any((d.state / "sessions").iterdir())
     finally:
         d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_daemons_on_one_host_never_share_a_uid():
+    """A daemon claims its uids host-wide for as long as it runs (an abstract socket
+    named for them): a second daemon whose range overlaps refuses to start, naming
+    the first and what to do, and leaves nothing; the first serves on. A claim
+    squatted by an unprivileged process is no claim; once the first daemon stops,
+    the second starts."""
+    base = scratch_dir("uidclaim-")
+    a = Daemon(base / "a", args=["--max-sessions", "4", "--pool-size", "1"])
+    b = Daemon(base / "b", args=["--max-sessions", "4", "--pool-size", "0"])
+    b.uid_base = a.uid_base + 200  # b's sessions would run as uids of a's pool
+    squatter = None
+    try:
+        a.start()
+        with a.http() as c:
+            sid = new_session(c)
+        with pytest.raises(RuntimeError) as refused:
+            b.start()
+        text = str(refused.value)
+        first, last = a.uid_base, a.uid_base + 4 + 256 - 1
+        assert f"another sandboxd (pid {a.proc.pid}) runs sandboxes as host uids {first} to {last}" in text, text
+        assert f"({b.uid_base} to {b.uid_base + 259})" in text and "uid_base" in text, text
+        b.assert_clean()
+        with a.http() as c:
+            r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print(6 * 7)"}).json()
+        assert r["status"] == "ok" and r["stdout"] == "42\n", r
+        a.stop()
+
+        # An unprivileged host process names b's whole range as its own claim.
+        squatter = subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+             "import os, socket, sys, time\n"
+             "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+             f"s.bind(b'\\0sandboxd-uids/%d/{b.uid_base}-{b.uid_base + 260}' % os.getpid())\n"
+             "print('bound', flush=True)\ntime.sleep(120)"],
+            stdout=subprocess.PIPE, text=True)
+        assert squatter.stdout.readline() == "bound\n"
+        assert f"@sandboxd-uids/{squatter.pid}/" in Path("/proc/net/unix").read_text()
+        b.start()
+        with b.http() as c:
+            assert c.get("/v1/health").json()["status"] == "ok"
+    finally:
+        if squatter:
+            squatter.kill()
+            squatter.wait()
+        for d in (a, b):
+            d.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -45,6 +45,8 @@ pub enum Error {
     Seccomp(#[from] crate::isolate::seccomp::Error),
     #[error(transparent)]
     OwnerKey(#[from] crate::owner::Error),
+    #[error(transparent)]
+    Uids(#[from] crate::uids::claim::Error),
 }
 
 fn init_logging(config: &Config) {
@@ -145,6 +147,16 @@ async fn serve_with(
         rootfs.unmount();
         return Err(e.into());
     }
+    // No other daemon on the host may run sandboxes as these uids; the claim is
+    // held until this function returns.
+    let _uids_claimed = match crate::uids::claim::claim(&inputs.uids) {
+        Ok(claim) => claim,
+        Err(e) => {
+            sessions.unmount_all().await;
+            rootfs.unmount();
+            return Err(e.into());
+        }
+    };
     let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
     sandboxes.prewarm();
     let library = if config.pool_size > 0 { pool_library() } else { None };

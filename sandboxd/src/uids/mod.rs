@@ -11,7 +11,10 @@
 //!   the highest a recovered session holds, when a restart lowered `max_sessions`),
 //!   each held by a [`Lease`] for as long as the template lives;
 //! - the daemon refuses to start when a host account or group has one of them
-//!   (`crate::check`, item "uid range").
+//!   (`crate::check`, item "uid range"), or when another daemon on the host
+//!   claimed one of them ([`claim`]).
+
+pub mod claim;
 
 use std::collections::BTreeSet;
 use std::ops::Range;
