@@ -13,8 +13,12 @@
 //! overlap, naming the other daemon. Two that start at once each see the other
 //! and both refuse: safe, and the operator's fix is the same. Any host process
 //! can bind such a name, so a claim counts only when the pid it names is a root
-//! process that holds that very socket (its inode among the pid's open files):
-//! an unprivileged user cannot keep a daemon from starting by squatting a name.
+//! process that holds that very socket (its inode among the pid's open files),
+//! and when that inode is on no other line of the table: the kernel prints a
+//! socket's name raw, so a name with a newline in it can forge a line, but a
+//! forged line can only borrow an inode that has its own line already. So an
+//! unprivileged user cannot keep a daemon from starting by squatting a name or
+//! forging one.
 
 use std::ops::Range;
 use std::os::linux::net::SocketAddrExt;
@@ -97,15 +101,25 @@ fn name(pid: u32, spans: &[Range<u32>]) -> String {
 }
 
 /// Every claim in `/proc/net/unix`'s text: the pid it names, its socket's inode and
-/// its spans. A name that does not parse is no claim.
+/// its spans. A name that does not parse is no claim, and neither is a line whose
+/// inode another line shows too (one of them is forged).
 fn claims(table: &str) -> Vec<(u32, u64, Vec<Range<u32>>)> {
-    table
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let inode = fields.get(6)?.parse().ok()?;
+    let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    let mut seen = std::collections::HashMap::<&str, usize>::new();
+    for fields in &lines {
+        if let Some(inode) = fields.get(6) {
+            *seen.entry(inode).or_default() += 1;
+        }
+    }
+    lines
+        .iter()
+        .filter_map(|fields| {
+            let inode_text = fields.get(6)?;
+            if seen.get(inode_text) != Some(&1) {
+                return None;
+            }
             let (pid, spans) = parse(fields.get(7)?)?;
-            Some((pid, inode, spans))
+            Some((pid, inode_text.parse().ok()?, spans))
         })
         .collect()
 }
@@ -156,6 +170,13 @@ mod tests {
              0000000000000000: 00000003 00000000 00000000 0001 03 96\n"
         );
         assert_eq!(claims(&table), [(4242, 123456, ours.to_vec())]);
+        // A name with a newline forges a line that borrows a real socket's inode
+        // (here 99, the daemon's listening socket): neither line counts.
+        let forged = format!(
+            "{table}0000000000000000: 00000002 00000000 00000000 0002 01 95 @x\n\
+             0000000000000000: 00000002 00000000 00000000 0002 01 99 @sandboxd-uids/1/0-4294967295\n"
+        );
+        assert_eq!(claims(&forged), [(4242, 123456, ours.to_vec())]);
     }
 
     #[test]
