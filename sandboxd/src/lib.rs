@@ -17,6 +17,7 @@ pub mod isolate;
 pub mod kernel;
 pub mod listing;
 pub mod metrics;
+pub mod model;
 /// The MCP tools live with the other surfaces, in `api/`.
 pub use api::mcp;
 pub mod mountinfo;
