@@ -2,9 +2,10 @@
 //! and calls [`crate::service`], whose file access goes through
 //! [`crate::workspace`] (never following a link out of the workspace).
 
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::error::{Path, Query};
 use super::{Caller, Shared};
+use crate::model::error::Code;
 use crate::model::files::{FileBytes, FileEntry};
 use crate::model::session::StatusAnswer;
 use crate::service;

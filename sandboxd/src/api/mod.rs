@@ -24,6 +24,7 @@ mod tests_holds;
 pub mod tokens;
 
 use crate::model::check::Report;
+use crate::model::error::Code;
 use crate::model::health::Health;
 use crate::model::policy::PolicyLimits;
 use crate::service::Operations;
@@ -33,7 +34,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use error::{ApiError, Code};
+use error::ApiError;
 use std::sync::Arc;
 pub use tokens::{Role, Tokens, Who};
 

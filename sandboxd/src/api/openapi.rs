@@ -40,8 +40,8 @@ use utoipa::OpenApi;
     ),
     components(schemas(
         crate::model::health::Problem,
-        super::error::Code,
-        super::error::ErrorBody,
+        crate::model::error::Code,
+        crate::model::error::ErrorBody,
         crate::model::run::Language,
         crate::model::run::KernelFields,
         crate::model::session::Mode
@@ -415,7 +415,7 @@ mod tests {
         crate::model::policy::Policy::schemas(&mut all);
         crate::model::check::Report::schemas(&mut all);
         crate::model::health::Health::schemas(&mut all);
-        super::super::error::ErrorBody::schemas(&mut all);
+        crate::model::error::ErrorBody::schemas(&mut all);
         let mut by_name: BTreeMap<String, String> = BTreeMap::new();
         for (name, schema) in all {
             let text = serde_json::to_string(&schema).unwrap();
@@ -553,7 +553,7 @@ mod tests {
             busy: true,
         };
         conforms(&doc, &schema("SessionInfo"), &serde_json::to_value(&info).unwrap(), "session").unwrap();
-        let err = super::super::error::ApiError::new(super::super::error::Code::MethodNotAllowed, "m");
+        let err = super::super::error::ApiError::new(crate::model::error::Code::MethodNotAllowed, "m");
         conforms(&doc, &schema("ErrorBody"), &err.body(), "error").unwrap();
         let done = crate::model::session::StatusAnswer { status: "deleted".into(), path: Some("a".into()) };
         conforms(&doc, &schema("Done"), &serde_json::to_value(&done).unwrap(), "done").unwrap();

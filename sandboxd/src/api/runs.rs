@@ -1,10 +1,11 @@
 //! `POST /v1/runs` and `POST /v1/sessions/{id}/runs`, as JSON or as server-sent
 //! events (`Accept: text/event-stream`).
 
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::error::{Path, Query};
 use super::{read_json, Caller, Shared};
 use crate::isolate::output::{Chunk, StreamKind};
+use crate::model::error::Code;
 use crate::model::records::{RunPage, RunRecord};
 use crate::model::run::{RunRequest, RunResult};
 use crate::service;

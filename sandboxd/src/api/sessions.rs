@@ -1,9 +1,10 @@
 //! Session routes: create, list, show, close; each reads its input and calls
 //! [`crate::service`].
 
+use super::error::ApiError;
 use super::error::Path;
-use super::error::{ApiError, Code};
 use super::{read_json, Caller, Shared};
+use crate::model::error::Code;
 use crate::model::policy::Policy;
 use crate::model::session::{CreateSessionRequest, SessionInfo, StatusAnswer};
 use axum::extract::State;

@@ -10,6 +10,7 @@
 //! stays in that domain.
 
 pub mod check;
+pub mod error;
 pub mod files;
 pub mod health;
 pub mod policy;
