@@ -8,7 +8,6 @@
 //! every read goes through [`crate::workspace`] (by fd, never by name): links,
 //! FIFOs, sockets and devices are never followed, opened or reported.
 
-use crate::names;
 use crate::workspace::{self, Found, Stat, Workspace};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -100,17 +99,6 @@ pub fn mime_type(path: &Path) -> String {
     mime_guess::from_path(path).first_or_octet_stream().essence_str().to_string()
 }
 
-/// The URL form of a path written as clients write it (a listing's `path`, in
-/// [`crate::names`]' text form): its raw bytes percent-encoded.
-pub fn url_path(path: &Path) -> String {
-    names::url(&names::parse(&path.to_string_lossy()))
-}
-
-/// Append `part` to `out` as one URL path segment ([`names::encode_segment`]).
-pub fn encode_segment(part: &str, keep_dot: bool, out: &mut String) {
-    names::encode_segment(part.as_bytes(), keep_dot, out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,12 +122,7 @@ mod tests {
     }
 
     #[test]
-    fn encodes_urls() {
-        assert_eq!(url_path(Path::new("a b/c#d.png")), "a%20b/c%23d.png");
-        assert_eq!(url_path(Path::new("../../x/./..y.z")), "%2E%2E/%2E%2E/x/%2E/..y.z");
-        // A listing's text form reaches the raw bytes it stands for.
-        assert_eq!(url_path(Path::new("a\\xffb/c\\\\d")), "a%FFb/c%5Cd");
-        assert_eq!(url_path(Path::new("stray\\q")), "stray%5Cq");
+    fn names_mime_types() {
         assert_eq!(mime_type(Path::new("x.png")), "image/png");
         assert_eq!(mime_type(Path::new("x.unknownext")), "application/octet-stream");
     }

@@ -1,11 +1,15 @@
 //! A small HTTP/1 client for the daemon's API, over its Unix socket or TCP.
 //! Used by `sandboxctl` (and its stdio MCP server). Requests and answers are the
-//! service's own typed structs ([`crate::service`], [`crate::run`],
-//! [`crate::session`]), so a field the daemon renames breaks the build, not a user.
+//! daemon's own typed structs ([`crate::model`]), so a field the daemon renames
+//! breaks the build, not a user.
 
-use crate::run::{RunRequest, RunResult};
-use crate::service::{CreateSession, Done, FileEntry, PolicyLimits};
-use crate::session::SessionInfo;
+use crate::model::check::Report;
+use crate::model::files::FileEntry;
+use crate::model::policy::PolicyLimits;
+use crate::model::records::{RunPage, RunRecord};
+use crate::model::run::{RunRequest, RunResult};
+use crate::model::session::{CreateSessionRequest, SessionInfo, StatusAnswer};
+use crate::names;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::Request;
@@ -122,7 +126,7 @@ impl Client {
         parse(&bytes, method, path)
     }
 
-    pub async fn create_session(&self, req: &CreateSession) -> Result<SessionInfo, ClientError> {
+    pub async fn create_session(&self, req: &CreateSessionRequest) -> Result<SessionInfo, ClientError> {
         self.call("POST", "/v1/sessions", Some(req)).await
     }
 
@@ -134,21 +138,16 @@ impl Client {
         self.call("GET", "/v1/sessions", NO_BODY).await
     }
 
-    pub async fn close_session(&self, id: &str) -> Result<Done, ClientError> {
+    pub async fn close_session(&self, id: &str) -> Result<StatusAnswer, ClientError> {
         self.call("DELETE", &format!("/v1/sessions/{}", segment(id)), NO_BODY).await
     }
 
-    pub async fn cancel_run(&self, id: &str) -> Result<Done, ClientError> {
+    pub async fn cancel_run(&self, id: &str) -> Result<StatusAnswer, ClientError> {
         self.call("DELETE", &format!("/v1/sessions/{}/run", segment(id)), NO_BODY).await
     }
 
     /// Up to `limit` of a session's run records, newest first, older than `before`.
-    pub async fn list_runs(
-        &self,
-        id: &str,
-        before: Option<&str>,
-        limit: usize,
-    ) -> Result<crate::records::RunPage, ClientError> {
+    pub async fn list_runs(&self, id: &str, before: Option<&str>, limit: usize) -> Result<RunPage, ClientError> {
         let mut path = format!("/v1/sessions/{}/runs?limit={limit}", segment(id));
         if let Some(b) = before {
             path.push_str(&format!("&before={}", segment(b)));
@@ -157,7 +156,7 @@ impl Client {
     }
 
     /// One run record of a session.
-    pub async fn get_run(&self, id: &str, run_id: &str) -> Result<crate::records::RunRecord, ClientError> {
+    pub async fn get_run(&self, id: &str, run_id: &str) -> Result<RunRecord, ClientError> {
         self.call("GET", &format!("/v1/sessions/{}/runs/{}", segment(id), segment(run_id)), NO_BODY).await
     }
 
@@ -181,7 +180,7 @@ impl Client {
         parse(&bytes, "PUT", &url)
     }
 
-    pub async fn delete_file(&self, id: &str, path: &str) -> Result<Done, ClientError> {
+    pub async fn delete_file(&self, id: &str, path: &str) -> Result<StatusAnswer, ClientError> {
         self.call("DELETE", &file_path(id, path), NO_BODY).await
     }
 
@@ -213,7 +212,7 @@ impl Client {
     }
 
     /// `GET /v1/check`: the host's requirements.
-    pub async fn check(&self) -> Result<crate::check::Report, ClientError> {
+    pub async fn check(&self) -> Result<Report, ClientError> {
         self.call("GET", "/v1/check", NO_BODY).await
     }
 }
@@ -262,13 +261,14 @@ fn parse<T: DeserializeOwned>(bytes: &[u8], method: &str, path: &str) -> Result<
 /// refuses as invalid).
 fn segment(s: &str) -> String {
     let mut out = String::new();
-    crate::artifacts::encode_segment(s, false, &mut out);
+    names::encode_segment(s.as_bytes(), false, &mut out);
     out
 }
 
-/// The URL path of `path` in session `id`.
+/// The URL path of `path` (in its text form, [`crate::names`]) in session `id`:
+/// the raw bytes it stands for, percent-encoded.
 fn file_path(id: &str, path: &str) -> String {
-    format!("/v1/sessions/{}/files/{}", segment(id), crate::artifacts::url_path(std::path::Path::new(path)))
+    format!("/v1/sessions/{}/files/{}", segment(id), names::url(&names::parse(path)))
 }
 
 async fn handshake<S>(stream: S) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError>
@@ -293,5 +293,11 @@ mod tests {
         assert_eq!(segment("../x"), "%2E%2E%2Fx");
         assert_eq!(segment("a b"), "a%20b");
         assert_eq!(file_path("S/x", "d/a b.txt"), "/v1/sessions/S%2Fx/files/d/a%20b.txt");
+        let file = |path| file_path("s", path).trim_start_matches("/v1/sessions/s/files/").to_string();
+        assert_eq!(file("a b/c#d.png"), "a%20b/c%23d.png");
+        assert_eq!(file("../../x/./..y.z"), "%2E%2E/%2E%2E/x/%2E/..y.z");
+        // A listing's text form reaches the raw bytes it stands for.
+        assert_eq!(file("a\\xffb/c\\\\d"), "a%FFb/c%5Cd");
+        assert_eq!(file("stray\\q"), "stray%5Cq");
     }
 }

@@ -70,7 +70,7 @@ pub fn run(config: Config) -> Result<(), Error> {
     // The host's requirements, all at once, before anything is made: a host that
     // cannot run sandboxes is refused here, naming what to fix.
     let report = crate::check::Facts::gather(&crate::check::Inputs::of(&config)).report();
-    for item in report.items.iter().filter(|i| i.status == crate::check::Status::Warn) {
+    for item in report.items.iter().filter(|i| i.status == crate::model::check::Status::Warn) {
         tracing::warn!(item = %item.name, found = %item.found, fix = %item.fix, "host check");
     }
     report.require()?;
@@ -105,7 +105,7 @@ async fn serve(mut config: Config) -> Result<(), Error> {
 /// [`serve`] once the instance's cgroups are made.
 async fn serve_with(
     config: Config,
-    policies: std::collections::BTreeMap<String, policy::Policy>,
+    policies: std::collections::BTreeMap<String, crate::model::policy::Policy>,
     cgroups: Cgroups,
 ) -> Result<(), Error> {
     let abi = landlock::kernel_abi();
@@ -141,7 +141,7 @@ async fn serve_with(
     let held = sessions.uids();
     let uids = crate::uids::Ranges::new(config.uid_base, config.max_sessions, held.iter().copied().max());
     let inputs = crate::check::Inputs { uids: uids.spans(held), ..crate::check::Inputs::of(&config) };
-    let uid_check = crate::check::Report::new(vec![crate::check::uid_range_of(&inputs.uids)]);
+    let uid_check = crate::model::check::Report::new(vec![crate::check::uid_range_of(&inputs.uids)]);
     if let Err(e) = uid_check.require() {
         sessions.unmount_all().await;
         rootfs.unmount();
@@ -172,7 +172,6 @@ async fn serve_with(
     let ctx = Context {
         sandboxes: sandboxes.clone(),
         pool: pool.clone(),
-        sessions: sessions.clone(),
         rootfs: rootfs.path.clone(),
         public_url: config.public_url.clone(),
     };

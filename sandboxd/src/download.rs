@@ -252,7 +252,7 @@ impl SaveDir {
     /// a symlink.
     pub fn create(&self, name: &str) -> Result<Pending, Error> {
         let refused = |why: &str| Error::Name { name: printable(name).into_owned(), why: why.to_string() };
-        let rel = crate::names::path_of(name).map_err(|e| refused(&e.to_string()))?;
+        let rel = crate::workspace::path_of_text(name).map_err(|e| refused(&e.to_string()))?;
         let parts: Vec<&OsStr> = rel
             .components()
             .map(|c| match c {

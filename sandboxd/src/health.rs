@@ -5,22 +5,11 @@
 //! directories run cgroups are made in, the pool's templates that fail to start,
 //! and the host check ([`crate::check`]) items that fail now.
 
-use crate::check;
 use crate::isolate::cgroup::Cgroups;
-use serde::Serialize;
+use crate::model::check::{Item, Report, Status};
+use crate::model::health::Problem;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// One thing that is degraded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Problem {
-    /// `rootfs`, `cgroups`, `pool`, or `host: <check item>`.
-    pub name: String,
-    /// What is wrong now.
-    pub found: String,
-    /// What to do.
-    pub fix: String,
-}
 
 /// `"ok"` when nothing is degraded, else `"degraded"`.
 pub fn status(problems: &[Problem]) -> &'static str {
@@ -42,7 +31,7 @@ pub struct Facts {
     pub missing_cgroup_dirs: Vec<PathBuf>,
     /// Per policy, why its last pooled template failed to start.
     pub pool_start_errors: BTreeMap<String, String>,
-    pub host: Vec<check::Item>,
+    pub host: Vec<Item>,
 }
 
 impl Facts {
@@ -51,7 +40,7 @@ impl Facts {
         rootfs: &Path,
         cgroups: &Cgroups,
         pool_start_errors: BTreeMap<String, String>,
-        host: check::Report,
+        host: Report,
     ) -> Facts {
         Facts {
             rootfs: rootfs.to_path_buf(),
@@ -98,7 +87,7 @@ impl Facts {
                 "see the daemon's log for `could not start a pooled sandbox`; check the policy's memory_mb, pids and preload",
             ));
         }
-        for item in self.host.iter().filter(|i| i.status == check::Status::Fail) {
+        for item in self.host.iter().filter(|i| i.status == Status::Fail) {
             out.push(Problem {
                 name: format!("host: {}", item.name),
                 found: item.found.clone(),
@@ -118,9 +107,9 @@ mod tests {
             rootfs: "/var/lib/sandboxd/mnt/rootfs".into(),
             rootfs_mounted: true,
             rootfs_manifest: true,
-            host: vec![check::Item {
+            host: vec![Item {
                 name: "cgroups".into(),
-                status: check::Status::Warn,
+                status: Status::Warn,
                 found: "hybrid".into(),
                 fix: "boot with v2".into(),
             }],
@@ -142,9 +131,9 @@ mod tests {
         f.missing_cgroup_dirs = vec!["/sys/fs/cgroup/x/sandboxd".into()];
         f.pool_start_errors.insert("strict".into(), "boom".into());
         f.pool_start_errors.insert("default".into(), "bang".into());
-        f.host.push(check::Item {
+        f.host.push(Item {
             name: "free space".into(),
-            status: check::Status::Fail,
+            status: Status::Fail,
             found: "12 MiB free".into(),
             fix: "free some".into(),
         });

@@ -40,7 +40,8 @@ use crate::isolate::message::{kernel_source, KernelCell};
 pub use crate::isolate::message::{Exception, KernelMessage, Rich, Stream};
 use crate::isolate::output::{Chunk, StreamKind};
 use crate::isolate::{self, Outcome, Sandboxes};
-use crate::policy::Policy;
+use crate::model::policy::Policy;
+use crate::model::run::RunUsage;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -205,11 +206,11 @@ impl Cell {
 /// How a cell ended.
 pub enum CellEnd {
     /// The kernel answered; `interrupted` when that took the timeout's SIGINT.
-    /// `usage`: what the cell used (see [`isolate::RunUsage`]).
-    Done { reply: CellReply, interrupted: bool, usage: isolate::RunUsage },
+    /// `usage`: what the cell used (see [`RunUsage`]).
+    Done { reply: CellReply, interrupted: bool, usage: RunUsage },
     /// The kernel is gone, for the reason `cut` says; `outcome`: how its sandbox
     /// ended. `stdout`/`stderr`: the cell's output until then.
-    Died { cut: Cutoff, outcome: Option<Outcome>, stdout: Kept, stderr: Kept, usage: isolate::RunUsage },
+    Died { cut: Cutoff, outcome: Option<Outcome>, stdout: Kept, stderr: Kept, usage: RunUsage },
 }
 
 pub struct Kernel {
@@ -398,17 +399,17 @@ impl Kernel {
         // removed: then the figures are null).
         let usage = match (cgroup, baseline) {
             (Some(cg), Some(b)) => b.usage(&cg).run,
-            _ => isolate::RunUsage::default(),
+            _ => RunUsage::default(),
         };
         let Cell { stdout, stderr, .. } = cell;
         (None, CellEnd::Died { cut, outcome, stdout, stderr, usage })
     }
 
     /// What the cell that began at `baseline` used.
-    fn usage(&self, baseline: Option<&isolate::Baseline>) -> isolate::RunUsage {
+    fn usage(&self, baseline: Option<&isolate::Baseline>) -> RunUsage {
         match (&self.cgroup, baseline) {
             (Some(cg), Some(b)) => b.usage(cg).run,
-            _ => isolate::RunUsage::default(),
+            _ => RunUsage::default(),
         }
     }
 

@@ -4,6 +4,8 @@
 //! Reading order for one request: [`api`] (routes, auth, errors, MCP tools) →
 //! [`service`] (the typed operations) → [`run`] (one run from request to result) → [`isolate`] (the sandbox itself) → back through
 //! [`artifacts`] to the result. [`daemon`] starts and stops it all.
+//! What crosses the API, MCP and the CLI (requests, answers, their schemas) is
+//! [`model`]'s, below everything else.
 
 pub mod api;
 pub mod artifacts;
@@ -17,6 +19,7 @@ pub mod isolate;
 pub mod kernel;
 pub mod listing;
 pub mod metrics;
+pub mod model;
 /// The MCP tools live with the other surfaces, in `api/`.
 pub use api::mcp;
 pub mod mountinfo;

@@ -24,34 +24,15 @@
 //! answer is sent or its client goes (or, in-process, until dropped). A listing
 //! past either waits up to [`WAIT`] for one to end, then is refused ([`Busy`]).
 
+use crate::model::files::FileEntry;
 use crate::names;
 use crate::workspace::{self, Walked, Workspace};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// A file in a session's workspace.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct FileEntry {
-    /// Its path below the workspace, `/` between the parts, as text: the name's
-    /// UTF-8, except that each byte that is not UTF-8 is `\xHH` and a backslash is
-    /// `\\`; so each path names one file (`a\xffb` is the bytes `61 ff 62`, and a
-    /// file literally named so is `a\\xffb`). MCP tools and `sandboxctl` take paths
-    /// in this form; HTTP routes take the raw bytes in the URL (see `url`).
-    pub path: String,
-    pub size_bytes: u64,
-    pub mime_type: String,
-    /// When it was last modified (RFC 3339, UTC, seconds).
-    pub modified_at: String,
-    /// Where it is downloaded (and deleted): the path's raw bytes percent-encoded,
-    /// every byte but ASCII letters, digits, `-_.~` and the `/` between parts as
-    /// `%XX`.
-    pub url: String,
-}
 
 /// A workspace listing: the files (compact, encoded as they are read), and
 /// whether the workspace holds more (this module).

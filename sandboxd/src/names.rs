@@ -59,12 +59,6 @@ pub fn parse(text: &str) -> Vec<u8> {
     out
 }
 
-/// The workspace path a client's path in its text form names: read back to
-/// bytes, then checked ([`crate::workspace::validate`]).
-pub fn path_of(text: &str) -> Result<std::path::PathBuf, crate::workspace::Error> {
-    crate::workspace::validate(parse(text))
-}
-
 /// The URL form of the raw path `raw`: each component percent-encoded byte by
 /// byte, `/` between them. A component that is `.` or `..` (a client's path,
 /// before the daemon refuses it) is encoded whole, so that nothing on the way (a

@@ -6,7 +6,7 @@
 
 use crate::isolate::spec::{ChildSpec, Rlimits, SandboxSpec};
 use crate::isolate::{cgroup, seccomp};
-use crate::policy::Policy;
+use crate::model::policy::Policy;
 use std::path::Path;
 
 /// Where every sandboxed Python lives, inside the rootfs.

@@ -4,7 +4,7 @@
 //! values out of range are refused when the policy is loaded, with a message that
 //! names the file, the field and the allowed values.
 
-use serde::{Deserialize, Serialize};
+use crate::model::policy::{NoNetwork, Policy};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -20,71 +20,6 @@ pub enum Error {
     Invalid { file: PathBuf, field: &'static str, value: String, allowed: String },
     #[error("no policy named `default` in {0}: add default.toml")]
     NoDefault(PathBuf),
-}
-
-/// A sandbox has no network: its own network namespace with only `lo`, TCP bind
-/// and connect denied by Landlock. Not a choice today, so nothing to hold; a
-/// policy file may still say `network = "none"` (the only value accepted), and the
-/// policy is shown with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct NoNetwork;
-
-impl NoNetwork {
-    const VALUE: &'static str = "none";
-}
-
-impl Serialize for NoNetwork {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(Self::VALUE)
-    }
-}
-
-impl<'de> Deserialize<'de> for NoNetwork {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = String::deserialize(d)?;
-        if value == Self::VALUE {
-            Ok(NoNetwork)
-        } else {
-            Err(serde::de::Error::custom(format!(
-                "network is {value:?}; allowed: \"none\" (sandboxes have no network)"
-            )))
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct Policy {
-    /// The policy's name (its file name, without `.toml`); served, never read
-    /// from the file (the OpenAPI document adds it: `skip_deserializing` hides it
-    /// from the derive).
-    #[serde(skip_deserializing)]
-    pub name: String,
-    pub description: String,
-    pub memory_mb: u64,
-    pub cpus: f64,
-    pub pids: u64,
-    pub timeout_s: u64,
-    pub grace_s: u64,
-    pub output_kb: u64,
-    pub code_kb: u64,
-    pub upload_mb: u64,
-    pub mcp_inline_mb: u64,
-    pub tmp_mb: u64,
-    pub shm_mb: u64,
-    pub workspace_mb: u64,
-    pub file_size_mb: u64,
-    pub open_files: u64,
-    #[schema(value_type = String, example = "none")]
-    pub network: NoNetwork,
-    pub autosave_figures: bool,
-    pub max_artifacts: usize,
-    /// Modules a pooled sandbox imports before its run arrives.
-    pub preload: Vec<String>,
-    /// Runs one pooled template serves before it is replaced. Its forks share the
-    /// template's Python hash secret and memory layout (ASLR), so this bounds how
-    /// many runs share them; 1 gives every run a template of its own.
-    pub template_runs: u64,
 }
 
 impl Default for Policy {

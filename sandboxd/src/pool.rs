@@ -41,9 +41,9 @@
 
 use crate::isolate::message::{RunCode, TemplateMessage};
 use crate::isolate::{self, PooledTemplate, Sandboxes};
+use crate::model::health::PoolStats;
+use crate::model::policy::Policy;
 use crate::plan;
-use crate::policy::Policy;
-use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -81,28 +81,6 @@ pub enum Error {
     /// It could not fork ahead of its first run.
     #[error("its first fork failed: {0}")]
     FirstFork(isolate::Error),
-}
-
-/// Counters and sizes, for `GET /v1/health`.
-#[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
-pub struct Stats {
-    /// Template interpreters kept per policy in use (0: the pool is off); each
-    /// serves one run at a time.
-    pub size_per_policy: usize,
-    /// Templates idle now, all policies.
-    pub ready: usize,
-    /// Idle templates per policy.
-    pub ready_by_policy: HashMap<String, usize>,
-    /// Templates serving a run now.
-    pub busy: usize,
-    /// Runs served by a fork of a template.
-    pub hits: u64,
-    /// Python runs that found no idle template and used a cold sandbox.
-    pub misses: u64,
-    /// Templates that failed to start or to fork, or died idle.
-    pub failures: u64,
-    /// Memory held by the idle templates, bytes.
-    pub memory_bytes: u64,
 }
 
 #[derive(Default)]
@@ -374,9 +352,9 @@ impl Pool {
         self.returned.notify_waiters();
     }
 
-    pub fn stats(&self) -> Stats {
+    pub fn stats(&self) -> PoolStats {
         let st = self.lock();
-        Stats {
+        PoolStats {
             size_per_policy: self.size,
             ready: st.ready.values().map(VecDeque::len).sum(),
             ready_by_policy: st.ready.iter().map(|(k, v)| (k.clone(), v.len())).collect(),

@@ -3,14 +3,19 @@
 //! ([`crate::isolate`]), find the artifacts and shape the result.
 
 use crate::artifacts::{self, Snapshot};
+use crate::isolate::message::{Exception, Rich};
 use crate::isolate::{self, output::Chunk};
 use crate::kernel;
 use crate::metrics;
+use crate::model::policy::Policy;
+use crate::model::run::{
+    Artifact, ArtifactKind, KernelException, KernelFields, KernelResult, Language, RunRequest, RunResult, RunUsage,
+    Status,
+};
+use crate::model::session::Mode;
 use crate::plan;
-use crate::policy::Policy;
 use crate::pool;
 use crate::session::Lease;
-use serde::{Deserialize, Serialize};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,126 +45,12 @@ impl Error {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Language {
-    #[default]
-    Python,
-    Shell,
-}
-
-/// The body of `POST /v1/runs` and `POST /v1/sessions/{id}/runs` (absent fields
-/// are left out when a client sends one).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunRequest {
-    /// Python source (or a shell command with `language: "shell"`).
-    pub code: String,
-    /// Run in this session; without it a new session is made and returned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = r"^([0-9a-f]{16}\.)?[A-Za-z0-9_-]{1,64}$")]
-    pub session_id: Option<String>,
-    #[serde(default)]
-    pub language: Language,
-    /// Wall-clock limit in seconds: more than 0, at most the policy's `timeout_s`
-    /// (the default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0.0)]
-    pub timeout_s: Option<f64>,
-    /// Policy for a new session (an existing session keeps its own).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<String>,
-    /// Save open matplotlib figures (default: the policy's setting).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub autosave_figures: Option<bool>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[schema(as = RunStatus)]
-pub enum Status {
-    Ok,
-    Error,
-    Timeout,
-    Oom,
-    Killed,
-}
-
-impl Status {
-    /// Its name in results and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Error => "error",
-            Status::Timeout => "timeout",
-            Status::Oom => "oom",
-            Status::Killed => "killed",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ArtifactKind {
-    File,
-    Figure,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Artifact {
-    pub path: String,
-    pub size_bytes: u64,
-    pub mime_type: String,
-    pub kind: ArtifactKind,
-    pub url: String,
-}
-
-/// A run's result: also the answer when the program failed (HTTP 200).
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct RunResult {
-    pub run_id: String,
-    pub session_id: String,
-    pub status: Status,
-    pub exit_code: Option<i32>,
-    /// The signal's name, e.g. "SIGKILL".
-    pub signal: Option<String>,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub duration_ms: u64,
-    pub artifacts: Vec<Artifact>,
-    pub artifacts_truncated: bool,
-    /// What the run used, measured over this run alone.
-    #[serde(default)]
-    pub usage: isolate::RunUsage,
-    /// Kernel sessions only: `result`, `exception`, `kernel_restarted` (the
-    /// OpenAPI document lists them as optional properties of `RunResult`).
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
-    pub kernel: Option<KernelFields>,
-}
-
-/// What kernel sessions add to a run result.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct KernelFields {
-    /// The final expression's value: `{"text/plain": ..., "text/html": ...}`, or null.
-    pub result: Option<serde_json::Value>,
-    /// `{name, value, traceback}` when the cell raised, else null.
-    pub exception: Option<serde_json::Value>,
-    /// The session's earlier variables are gone: the kernel was killed during this
-    /// cell, or this is the first cell since the daemon restarted.
-    pub kernel_restarted: bool,
-}
-
 /// What every run needs from the daemon.
 #[derive(Clone)]
 pub struct Context {
     pub sandboxes: std::sync::Arc<isolate::Sandboxes>,
     /// Sandboxes made ahead of one-shot Python runs.
     pub pool: std::sync::Arc<crate::pool::Pool>,
-    /// The session manager: whether a kernel session had a kernel an earlier daemon lost.
-    pub sessions: std::sync::Arc<crate::session::Manager>,
     pub rootfs: PathBuf,
     pub public_url: String,
 }
@@ -228,7 +119,7 @@ pub async fn execute(
     run_id: &str,
     chunks: Option<mpsc::Sender<Chunk>>,
 ) -> Result<RunResult, Error> {
-    if lease.mode == crate::session::Mode::Kernel && req.language == Language::Python {
+    if lease.mode == Mode::Kernel && req.language == Language::Python {
         return execute_cell(ctx, lease, req, run_id, chunks).await;
     }
     let policy = &lease.policy;
@@ -411,7 +302,7 @@ async fn execute_cell(
     let started = std::time::Instant::now();
     let (existing, fresh) = lease_kernel(ctx, lease).await?;
     if fresh {
-        ctx.sessions.mark_kernel_started(&lease.id);
+        lease.mark_kernel_started();
     }
     // Starting the kernel, when the session had none running.
     let setup = started.elapsed();
@@ -428,7 +319,7 @@ async fn execute_cell(
     let (kernel, end) = existing.exec(&cell, timeout, grace, lease.cancel.clone(), chunks).await;
     // The session's kernel from before a daemon restart is gone, with its variables:
     // the first cell that ran in a new one says so.
-    let lost = fresh && ctx.sessions.take_kernel_lost(&lease.id);
+    let lost = fresh && lease.take_kernel_lost();
     if let Some(k) = kernel {
         lease.put_kernel(k).await;
     }
@@ -446,7 +337,7 @@ async fn execute_cell(
         duration_ms: started.elapsed().as_millis() as u64,
         artifacts,
         artifacts_truncated,
-        usage: isolate::RunUsage::default(),
+        usage: RunUsage::default(),
         kernel: Some(KernelFields { result: None, exception: None, kernel_restarted: false }),
     };
     match end {
@@ -466,8 +357,8 @@ async fn execute_cell(
             result.stdout_truncated = reply.stdout_truncated;
             result.stderr_truncated = reply.stderr_truncated;
             result.kernel = Some(KernelFields {
-                result: reply.result.and_then(|r| serde_json::to_value(r).ok()),
-                exception: reply.exception.and_then(|e| serde_json::to_value(e).ok()),
+                result: reply.result.map(kernel_result),
+                exception: reply.exception.map(kernel_exception),
                 kernel_restarted: lost,
             });
         }
@@ -530,6 +421,21 @@ async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<(kernel::Kernel, b
     }
 }
 
+/// A cell's final value as results show it: its text by mime type.
+fn kernel_result(value: Rich) -> KernelResult {
+    let mut texts = std::collections::BTreeMap::new();
+    texts.insert(KernelResult::PLAIN.to_string(), value.plain);
+    if let Some(html) = value.html {
+        texts.insert(KernelResult::HTML.to_string(), html);
+    }
+    KernelResult(texts)
+}
+
+/// The exception a cell raised, as results show it.
+fn kernel_exception(e: Exception) -> KernelException {
+    KernelException { name: e.name, traceback: e.traceback, value: e.value }
+}
+
 pub fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
 }
@@ -547,5 +453,25 @@ mod tests {
         assert_eq!(Ending { killed: true, violation: true, ..e }.status(), Status::Error);
         assert_eq!(Ending { killed: true, violation: true, oom_killed: true, ..e }.status(), Status::Oom);
         assert_eq!(Ending { oom_killed: true, timed_out: true, killed: true, ..e }.status(), Status::Timeout);
+    }
+
+    /// A cell's value and exception are written as the kernel's reply was, field
+    /// for field and in the same order.
+    #[test]
+    fn a_cells_reply_is_written_as_the_kernel_sent_it() {
+        let values = [
+            Rich { plain: "1".into(), html: None },
+            Rich { plain: "<b> \"x\"".into(), html: Some("<b>x</b>\n".into()) },
+        ];
+        for value in values {
+            let typed = serde_json::to_string(&kernel_result(value.clone())).unwrap();
+            assert_eq!(typed, serde_json::to_value(&value).unwrap().to_string());
+            let back: KernelResult = serde_json::from_str(&typed).unwrap();
+            assert_eq!(back.plain(), Some(value.plain.as_str()));
+        }
+        let e = Exception { name: "ValueError".into(), value: "bad \u{1}".into(), traceback: "Traceback\n".into() };
+        let typed = serde_json::to_string(&kernel_exception(e.clone())).unwrap();
+        assert_eq!(typed, serde_json::to_value(&e).unwrap().to_string());
+        assert_eq!(typed, r#"{"name":"ValueError","traceback":"Traceback\n","value":"bad \u0001"}"#);
     }
 }

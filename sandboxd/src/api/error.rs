@@ -1,101 +1,27 @@
 //! The API's error envelope: an HTTP status and
 //! `{"error":{"code":"...","message":"..."}}`, the message saying what to do.
 
+use crate::model::error::Code;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Code {
-    InvalidRequest,
-    InvalidSessionId,
-    InvalidPath,
-    PolicyNotFound,
-    Unauthorized,
-    /// A `Host` the daemon does not serve, or a foreign `Origin` (a browser page).
-    Forbidden,
-    SessionNotFound,
-    /// A run record the session does not have (never made, or no longer kept).
-    RunNotFound,
-    NotFound,
-    /// A route that exists, asked with a method it does not take.
-    MethodNotAllowed,
-    FileExists,
-    /// A file the session's code holds a lease or lock on.
-    FileBusy,
-    SessionExists,
-    SessionBusy,
-    CodeTooLarge,
-    UploadTooLarge,
-    ArtifactTooLarge,
-    /// A JSON route's body without `Content-Type: application/json`.
-    UnsupportedMediaType,
-    /// A request body that did not arrive in time.
-    RequestTimeout,
-    MaxSessions,
-    /// The caller's token already has its most runs going at once.
-    MaxRuns,
-    /// The caller's token already has its most listings walked or sent at once.
-    MaxListings,
-    /// The caller's token already holds its most connections.
-    MaxConnections,
-    /// The state directory's filesystem cannot hold another session.
-    InsufficientStorage,
-    Unavailable,
-    Internal,
-}
-
-impl Code {
-    pub fn status(self) -> StatusCode {
-        use Code::*;
-        match self {
-            InvalidRequest | InvalidSessionId | InvalidPath | PolicyNotFound => StatusCode::BAD_REQUEST,
-            Unauthorized => StatusCode::UNAUTHORIZED,
-            Forbidden => StatusCode::FORBIDDEN,
-            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            SessionNotFound | RunNotFound | NotFound => StatusCode::NOT_FOUND,
-            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            FileExists | FileBusy | SessionExists | SessionBusy => StatusCode::CONFLICT,
-            CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            MaxSessions | MaxRuns | MaxListings | MaxConnections => StatusCode::TOO_MANY_REQUESTS,
-            InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
-            Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        use Code::*;
-        match self {
-            InvalidRequest => "invalid_request",
-            InvalidSessionId => "invalid_session_id",
-            InvalidPath => "invalid_path",
-            PolicyNotFound => "policy_not_found",
-            Unauthorized => "unauthorized",
-            Forbidden => "forbidden",
-            UnsupportedMediaType => "unsupported_media_type",
-            RequestTimeout => "request_timeout",
-            SessionNotFound => "session_not_found",
-            RunNotFound => "run_not_found",
-            NotFound => "not_found",
-            MethodNotAllowed => "method_not_allowed",
-            FileExists => "file_exists",
-            FileBusy => "file_busy",
-            SessionExists => "session_exists",
-            SessionBusy => "session_busy",
-            CodeTooLarge => "code_too_large",
-            UploadTooLarge => "upload_too_large",
-            ArtifactTooLarge => "artifact_too_large",
-            MaxSessions => "max_sessions",
-            MaxRuns => "max_runs",
-            MaxListings => "max_listings",
-            MaxConnections => "max_connections",
-            InsufficientStorage => "insufficient_storage",
-            Unavailable => "unavailable",
-            Internal => "internal",
-        }
+/// The HTTP status each error code is answered with.
+pub fn http_status(code: Code) -> StatusCode {
+    use Code::*;
+    match code {
+        InvalidRequest | InvalidSessionId | InvalidPath | PolicyNotFound => StatusCode::BAD_REQUEST,
+        Unauthorized => StatusCode::UNAUTHORIZED,
+        Forbidden => StatusCode::FORBIDDEN,
+        UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+        SessionNotFound | RunNotFound | NotFound => StatusCode::NOT_FOUND,
+        MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        FileExists | FileBusy | SessionExists | SessionBusy => StatusCode::CONFLICT,
+        CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        MaxSessions | MaxRuns | MaxListings | MaxConnections => StatusCode::TOO_MANY_REQUESTS,
+        InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
+        Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -128,23 +54,11 @@ impl ApiError {
     }
 }
 
-/// The envelope as documented in the OpenAPI document.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    pub code: Code,
-    pub message: String,
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         // Every error answer passes here: counted by code for `GET /metrics`.
         crate::metrics::global().api_error(self.code.as_str());
-        (self.code.status(), axum::Json(self.body())).into_response()
+        (http_status(self.code), axum::Json(self.body())).into_response()
     }
 }
 
@@ -274,7 +188,7 @@ mod tests {
 
     fn answer(e: S) -> (u16, &'static str) {
         let e = ApiError::from(e);
-        (e.code.status().as_u16(), e.code.as_str())
+        (http_status(e.code).as_u16(), e.code.as_str())
     }
 
     /// The one mapping: each module's error becomes the HTTP answer the API has always given.

@@ -2,11 +2,13 @@
 //! and calls [`crate::service`], whose file access goes through
 //! [`crate::workspace`] (never following a link out of the workspace).
 
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::error::{Path, Query};
 use super::{Caller, Shared};
-pub use crate::service::FileEntry;
-use crate::service::{self, Done};
+use crate::model::error::Code;
+use crate::model::files::{FileBytes, FileEntry};
+use crate::model::session::StatusAnswer;
+use crate::service;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -18,11 +20,6 @@ use std::os::unix::ffi::OsStrExt;
 
 /// The listing's header that says whether it is the workspace's first part only.
 pub const LISTING_PARTIAL: &str = "sandboxd-listing-partial";
-
-/// A file's raw bytes, as uploaded or downloaded (documentation only).
-#[derive(utoipa::ToSchema)]
-#[schema(value_type = String, format = Binary)]
-pub struct FileBytes(#[allow(dead_code)] Vec<u8>);
 
 #[derive(Deserialize, Default)]
 pub struct UploadQuery {
@@ -243,12 +240,12 @@ async fn drain(mut stream: axum::body::BodyDataStream) {
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", operation_id = "delete_file", tag = "files",
     params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts: the name's raw bytes percent-encoded, decoded exactly once (so `%252e` is a name holding `%2e`, and `%FF` the byte 0xff; a listing's `url` has it); no `.`, `..` or empty parts, no NUL, at most 4096 bytes")),
-    responses((status = 200, body = Done, description = "`{\"status\":\"deleted\",\"path\":...}`")))]
+    responses((status = 200, body = StatusAnswer, description = "`{\"status\":\"deleted\",\"path\":...}`")))]
 pub async fn remove(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     FileRoute { id, path }: FileRoute,
-) -> Result<Json<Done>, ApiError> {
+) -> Result<Json<StatusAnswer>, ApiError> {
     Ok(Json(state.service.delete_file(&caller, &id, &path)?))
 }
 

@@ -23,6 +23,10 @@ mod tests;
 mod tests_holds;
 pub mod tokens;
 
+use crate::model::check::Report;
+use crate::model::error::Code;
+use crate::model::health::Health;
+use crate::model::policy::PolicyLimits;
 use crate::service::Operations;
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -30,8 +34,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use error::{ApiError, Code};
-use serde::Serialize;
+use error::ApiError;
 use std::sync::Arc;
 pub use tokens::{Role, Tokens, Who};
 
@@ -70,7 +73,7 @@ pub use crate::service::Caller;
 fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::MethodRouter<Shared> {
     use rmcp::transport::streamable_http_server::StreamableHttpService;
     let backend = mcp::Backend::Local(state.service.clone());
-    let limits = state.service.policy(None).map(|p| crate::service::PolicyLimits::from(&*p)).ok();
+    let limits = state.service.policy(None).map(|p| PolicyLimits::from(&*p)).ok();
     let mut config = rmcp::transport::StreamableHttpServerConfig::default();
     config.cancellation_token = state.shutdown.child_token();
     // The surface guard checked Host and Origin already; rmcp checks the names again.
@@ -204,61 +207,9 @@ async fn not_found(req: Request) -> Response {
     surface::refuse(req, e.into_response()).await
 }
 
-/// The health report. Every field but `status` and `version` is left out for a
-/// caller without a known token when the daemon has tokens (over HTTP): they
-/// show the host (cgroup paths, the rootfs) and every tenant's counts.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Health {
-    /// `ok`, or `degraded` when `problems` lists something; `draining` while the
-    /// daemon stops (every other route answers 503 `unavailable` then).
-    #[schema(example = "ok")]
-    pub status: &'static str,
-    pub version: &'static str,
-    /// What is degraded now and what to do (empty when `ok`); see [`crate::health`].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub problems: Option<Vec<crate::health::Problem>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub rootfs_sha256: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub cgroup: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub landlock_abi: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub sessions: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub busy_sessions: Option<usize>,
-    /// Template interpreters for one-shot Python runs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub pool: Option<crate::pool::Stats>,
-}
-
-impl Health {
-    /// What anyone may see: the status and the version, nothing else.
-    fn short(status: &'static str, version: &'static str) -> Self {
-        Health {
-            status,
-            version,
-            problems: None,
-            rootfs_sha256: None,
-            cgroup: None,
-            landlock_abi: None,
-            sessions: None,
-            busy_sessions: None,
-            pool: None,
-        }
-    }
-}
-
 /// `GET /v1/check`: the host check, as the daemon sees the host now.
-#[utoipa::path(get, path = "/v1/check", operation_id = "check_host", tag = "daemon", responses((status = 200, body = crate::check::Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
-pub async fn check_host(State(state): State<Shared>) -> Json<crate::check::Report> {
+#[utoipa::path(get, path = "/v1/check", operation_id = "check_host", tag = "daemon", responses((status = 200, body = Report, description = "every host requirement: status ok, warn or fail, what was found, and what to do")))]
+pub async fn check_host(State(state): State<Shared>) -> Json<Report> {
     Json(state.service.check_host().await)
 }
 

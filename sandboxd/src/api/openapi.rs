@@ -7,7 +7,7 @@
 //! fields of a run result, the policy's `name`, and the optional bearer token.
 
 use super::Shared;
-use crate::policy::Policy;
+use crate::model::policy::Policy;
 use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Map, Value};
@@ -39,12 +39,12 @@ use utoipa::OpenApi;
         super::check_host,
     ),
     components(schemas(
-        crate::health::Problem,
-        super::error::Code,
-        super::error::ErrorBody,
-        crate::run::Language,
-        crate::run::KernelFields,
-        crate::session::Mode
+        crate::model::health::Problem,
+        crate::model::error::Code,
+        crate::model::error::ErrorBody,
+        crate::model::run::Language,
+        crate::model::run::KernelFields,
+        crate::model::session::Mode
     ))
 )]
 pub struct ApiDoc;
@@ -408,14 +408,14 @@ mod tests {
     fn no_two_types_share_a_schema_name() {
         use utoipa::ToSchema;
         let mut all = vec![];
-        crate::run::RunRequest::schemas(&mut all);
-        crate::run::RunResult::schemas(&mut all);
-        crate::service::CreateSession::schemas(&mut all);
-        crate::session::SessionInfo::schemas(&mut all);
-        crate::policy::Policy::schemas(&mut all);
-        crate::check::Report::schemas(&mut all);
-        super::super::Health::schemas(&mut all);
-        super::super::error::ErrorBody::schemas(&mut all);
+        crate::model::run::RunRequest::schemas(&mut all);
+        crate::model::run::RunResult::schemas(&mut all);
+        crate::model::session::CreateSessionRequest::schemas(&mut all);
+        crate::model::session::SessionInfo::schemas(&mut all);
+        crate::model::policy::Policy::schemas(&mut all);
+        crate::model::check::Report::schemas(&mut all);
+        crate::model::health::Health::schemas(&mut all);
+        crate::model::error::ErrorBody::schemas(&mut all);
         let mut by_name: BTreeMap<String, String> = BTreeMap::new();
         for (name, schema) in all {
             let text = serde_json::to_string(&schema).unwrap();
@@ -500,7 +500,7 @@ mod tests {
 
     #[test]
     fn what_the_server_sends_conforms_to_its_schema() {
-        use crate::run::{KernelFields, RunResult, Status};
+        use crate::model::run::{Artifact, ArtifactKind, KernelException, KernelFields, RunResult, RunUsage, Status};
         let doc = doc();
         let script = RunResult {
             run_id: "r".into(),
@@ -513,15 +513,15 @@ mod tests {
             stdout_truncated: false,
             stderr_truncated: true,
             duration_ms: 3,
-            artifacts: vec![crate::run::Artifact {
+            artifacts: vec![Artifact {
                 path: "a.png".into(),
                 size_bytes: 1,
                 mime_type: "image/png".into(),
-                kind: crate::run::ArtifactKind::Figure,
+                kind: ArtifactKind::Figure,
                 url: "http://x/a.png".into(),
             }],
             artifacts_truncated: false,
-            usage: crate::isolate::RunUsage { cpu_ms: Some(12), memory_peak_bytes: Some(1 << 20), pids_peak: None },
+            usage: RunUsage { cpu_ms: Some(12), memory_peak_bytes: Some(1 << 20), pids_peak: None },
             kernel: None,
         };
         let value = serde_json::to_value(&script).unwrap();
@@ -530,16 +530,20 @@ mod tests {
         cell.status = Status::Error;
         cell.kernel = Some(KernelFields {
             result: None,
-            exception: Some(json!({"name": "ZeroDivisionError", "value": "x", "traceback": "t"})),
+            exception: Some(KernelException {
+                name: "ZeroDivisionError".into(),
+                value: "x".into(),
+                traceback: "t".into(),
+            }),
             kernel_restarted: true,
         });
         conforms(&doc, &schema("RunResult"), &serde_json::to_value(&cell).unwrap(), "cell").unwrap();
         for policy in [Policy::default(), Policy { name: "strict".into(), ..Policy::default() }] {
             conforms(&doc, &schema("Policy"), &serde_json::to_value(&policy).unwrap(), "policy").unwrap();
         }
-        let info = crate::session::SessionInfo {
+        let info = crate::model::session::SessionInfo {
             id: "s".into(),
-            mode: crate::session::Mode::Kernel,
+            mode: crate::model::session::Mode::Kernel,
             policy: "default".into(),
             created_at: "2026-01-01T00:00:00Z".into(),
             last_used_at: "2026-01-01T00:00:00Z".into(),
@@ -549,12 +553,12 @@ mod tests {
             busy: true,
         };
         conforms(&doc, &schema("SessionInfo"), &serde_json::to_value(&info).unwrap(), "session").unwrap();
-        let err = super::super::error::ApiError::new(super::super::error::Code::MethodNotAllowed, "m");
+        let err = super::super::error::ApiError::new(crate::model::error::Code::MethodNotAllowed, "m");
         conforms(&doc, &schema("ErrorBody"), &err.body(), "error").unwrap();
-        let done = crate::service::Done { status: "deleted".into(), path: Some("a".into()) };
+        let done = crate::model::session::StatusAnswer { status: "deleted".into(), path: Some("a".into()) };
         conforms(&doc, &schema("Done"), &serde_json::to_value(&done).unwrap(), "done").unwrap();
         // Health, both ways: status and version only (no known token), and whole.
-        let mut health = super::super::Health::short("ok", "1");
+        let mut health = crate::model::health::Health::short("ok", "1");
         conforms(&doc, &schema("Health"), &serde_json::to_value(&health).unwrap(), "short health").unwrap();
         health.problems = Some(vec![]);
         health.rootfs_sha256 = Some("ab".into());
@@ -562,7 +566,7 @@ mod tests {
         health.landlock_abi = Some(6);
         health.sessions = Some(2);
         health.busy_sessions = Some(1);
-        health.pool = Some(crate::pool::Stats::default());
+        health.pool = Some(crate::model::health::PoolStats::default());
         conforms(&doc, &schema("Health"), &serde_json::to_value(&health).unwrap(), "health").unwrap();
         assert_eq!(doc["components"]["schemas"]["Health"]["required"], json!(["status", "version"]));
         // And a script result is not taken for anything else.

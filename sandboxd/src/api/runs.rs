@@ -1,11 +1,13 @@
 //! `POST /v1/runs` and `POST /v1/sessions/{id}/runs`, as JSON or as server-sent
 //! events (`Accept: text/event-stream`).
 
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::error::{Path, Query};
 use super::{read_json, Caller, Shared};
 use crate::isolate::output::{Chunk, StreamKind};
-use crate::run::{RunRequest, RunResult};
+use crate::model::error::Code;
+use crate::model::records::{RunPage, RunRecord};
+use crate::model::run::{RunRequest, RunResult};
 use crate::service;
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
@@ -69,13 +71,13 @@ pub struct RunsQuery {
         ("limit" = Option<u32>, Query, description = "runs in the page: 1 to 100 (default 20)", minimum = 1, maximum = 100),
         ("before" = Option<String>, Query, description = "the page's runs are older than this run: the `next` of the page before", pattern = "^[0-9a-f]{32}$")),
     description = "The session's runs, newest first, one page at a time: each from the moment it was accepted (`running`) to how it ended. A run cut off by the daemon's end reads `interrupted`. A session keeps its newest 100 runs (at most 8 MiB of them), and its records go with it.",
-    responses((status = 200, body = crate::records::RunPage, description = "a page of runs, newest first")))]
+    responses((status = 200, body = RunPage, description = "a page of runs, newest first")))]
 pub async fn list_runs(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     Query(q): Query<RunsQuery>,
-) -> Result<Json<crate::records::RunPage>, ApiError> {
+) -> Result<Json<RunPage>, ApiError> {
     use crate::records::{valid_run_id, DEFAULT_PAGE, MAX_PAGE};
     let limit = match q.limit.as_deref() {
         None => DEFAULT_PAGE,
@@ -102,12 +104,12 @@ pub async fn list_runs(
     params(("id" = String, Path, description = "the session's id"),
         ("run_id" = String, Path, description = "the run's id (`run_id` of its result)", pattern = "^[0-9a-f]{32}$")),
     description = "One run of the session: its code, language, timestamps, status and (once it ended) its result.",
-    responses((status = 200, body = crate::records::RunRecord, description = "the run's record")))]
+    responses((status = 200, body = RunRecord, description = "the run's record")))]
 pub async fn get_run(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((id, run_id)): Path<(String, String)>,
-) -> Result<Json<crate::records::RunRecord>, ApiError> {
+) -> Result<Json<RunRecord>, ApiError> {
     Ok(Json(state.service.get_run(&caller, &id, &run_id).await?))
 }
 

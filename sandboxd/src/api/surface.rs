@@ -12,8 +12,9 @@
 //! refused before its handler has its body taken in first ([`refuse`]), so that
 //! its kept-alive connection serves the next request.
 
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::Listener;
+use crate::model::error::Code;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method};

@@ -6,14 +6,18 @@
 
 use super::surface::Surface;
 use super::{router, AppState, Tokens};
-use crate::check;
 use crate::isolate::output::{Chunk, StreamKind};
-use crate::policy::Policy;
-use crate::run::{self, RunRequest, RunResult, Status};
-use crate::service::{
-    self, Caller, Condition, CreateSession, Done, FileEntry, FileUpload, Listing, OpenFile, Operations, RunDone,
-};
-use crate::session::{self, Mode, SessionInfo};
+use crate::listing::Listing;
+use crate::model::check::{Item, Report, Status as CheckStatus};
+use crate::model::files::FileEntry;
+use crate::model::health::Problem;
+use crate::model::policy::Policy;
+use crate::model::records::{RunPage, RunRecord};
+use crate::model::run::{RunRequest, RunResult, Status};
+use crate::model::session::{CreateSessionRequest, Mode, SessionInfo, StatusAnswer};
+use crate::run;
+use crate::service::{self, Caller, Condition, FileUpload, OpenFile, Operations, RunDone};
+use crate::session;
 use crate::workspace;
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
@@ -43,7 +47,7 @@ pub(super) struct Memory {
     fail: Mutex<Option<service::Error>>,
     calls: Mutex<usize>,
     pub(super) owners: Mutex<Vec<Option<String>>>,
-    problems: Vec<crate::health::Problem>,
+    problems: Vec<Problem>,
     /// A run's result is this error instead.
     run_fails: bool,
 }
@@ -138,7 +142,7 @@ impl Operations for Memory {
     fn create_session<'a>(
         &'a self,
         caller: &'a Caller,
-        req: CreateSession,
+        req: CreateSessionRequest,
     ) -> BoxFuture<'a, Result<SessionInfo, service::Error>> {
         Box::pin(async move {
             self.enter(caller)?;
@@ -154,18 +158,22 @@ impl Operations for Memory {
         let _ = self.enter(caller);
         self.sessions.lock().unwrap().values().filter(|s| s.owner == caller.owner).cloned().collect()
     }
-    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Done, service::Error>> {
+    fn close_session<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<StatusAnswer, service::Error>> {
         Box::pin(async move {
             self.enter(caller)?;
             let (key, _) = self.session(caller, id)?;
             self.sessions.lock().unwrap().remove(&key);
-            Ok(Done { status: "closed".into(), path: None })
+            Ok(StatusAnswer { status: "closed".into(), path: None })
         })
     }
-    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, service::Error> {
+    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<StatusAnswer, service::Error> {
         self.enter(caller)?;
         self.session(caller, id)?;
-        Ok(Done { status: "idle".into(), path: None })
+        Ok(StatusAnswer { status: "idle".into(), path: None })
     }
     fn start_run<'a>(
         &'a self,
@@ -263,11 +271,11 @@ impl Operations for Memory {
         }
         Ok(Box::new(MemoryUpload { files: self.files.clone(), key, id: info.id, bytes: vec![] }))
     }
-    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, service::Error> {
+    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<StatusAnswer, service::Error> {
         self.enter(caller)?;
         let (key, _) = self.session(caller, id)?;
         match self.files.lock().unwrap().remove(&(key, path.to_string())) {
-            Some(_) => Ok(Done { status: "deleted".into(), path: Some(path.into()) }),
+            Some(_) => Ok(StatusAnswer { status: "deleted".into(), path: Some(path.into()) }),
             None => Err(workspace::Error::NotFound(path.into()).into()),
         }
     }
@@ -277,13 +285,13 @@ impl Operations for Memory {
         id: &'a str,
         before: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<crate::records::RunPage, service::Error>> {
+    ) -> BoxFuture<'a, Result<RunPage, service::Error>> {
         Box::pin(async move {
             self.enter(caller)?;
             self.session(caller, id)?;
             match before {
                 Some(b) => Err(service::Error::RunNotFound { session: id.into(), run_id: b.into() }),
-                None => Ok(crate::records::RunPage { runs: vec![], next: Some(format!("{limit}")) }),
+                None => Ok(RunPage { runs: vec![], next: Some(format!("{limit}")) }),
             }
         })
     }
@@ -292,7 +300,7 @@ impl Operations for Memory {
         caller: &'a Caller,
         id: &'a str,
         run_id: &'a str,
-    ) -> BoxFuture<'a, Result<crate::records::RunRecord, service::Error>> {
+    ) -> BoxFuture<'a, Result<RunRecord, service::Error>> {
         Box::pin(async move {
             self.enter(caller)?;
             self.session(caller, id)?;
@@ -300,11 +308,11 @@ impl Operations for Memory {
         })
     }
     /// The host as the fake finds it: one requirement met, one not.
-    fn check_host(&self) -> BoxFuture<'_, check::Report> {
+    fn check_host(&self) -> BoxFuture<'_, Report> {
         Box::pin(async move {
-            check::Report::new(vec![
-                check::Item::ok("kernel", "6.12.0"),
-                check::Item::new("loop devices", check::Status::Fail, "no /dev/loop-control", "modprobe loop"),
+            Report::new(vec![
+                Item::ok("kernel", "6.12.0"),
+                Item::new("loop devices", CheckStatus::Fail, "no /dev/loop-control", "modprobe loop"),
             ])
         })
     }
@@ -926,7 +934,7 @@ async fn health_says_what_is_degraded() {
     for key in ["rootfs_sha256", "sessions", "busy_sessions", "pool"] {
         assert!(ok.get(key).is_some(), "{key} missing: {ok}");
     }
-    let problem = crate::health::Problem { name: "rootfs".into(), found: "not mounted".into(), fix: "restart".into() };
+    let problem = Problem { name: "rootfs".into(), found: "not mounted".into(), fix: "restart".into() };
     let sick = Arc::new(Memory { problems: vec![problem], ..Memory::default() });
     let resp = send(&unix(&sick), empty(Method::GET, "/v1/health")).await;
     assert_eq!(resp.status(), StatusCode::OK);

@@ -4,9 +4,8 @@
 use clap::{CommandFactory, Parser, Subcommand};
 use sandboxd::client::{Client, ClientError};
 use sandboxd::download::{self, parse_size, printable, Budget, SaveDir};
-use sandboxd::run::{Language, RunRequest, RunResult, Status};
-use sandboxd::service::CreateSession;
-use sandboxd::session::Mode;
+use sandboxd::model::run::{Language, RunRequest, RunResult, Status};
+use sandboxd::model::session::{CreateSessionRequest, Mode};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -267,7 +266,7 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                         Some(_) => Some(Mode::Script),
                         None => None,
                     };
-                    let s = client.create_session(&CreateSession { id, policy, mode, ttl_s: ttl }).await?;
+                    let s = client.create_session(&CreateSessionRequest { id, policy, mode, ttl_s: ttl }).await?;
                     println!("{}", s.id);
                 }
                 SessionsCommand::Show { id } => print_json(&client.get_session(&id).await?),

@@ -2,7 +2,8 @@
 //! ([`super::Facts`]), giving one [`Item`] (or a few), unit-tested on the texts
 //! real hosts give.
 
-use super::{Item, Status, GOOD_KERNEL, LOW_FREE_BYTES, MIN_FREE_BYTES, MIN_KERNEL};
+use super::{GOOD_KERNEL, LOW_FREE_BYTES, MIN_FREE_BYTES, MIN_KERNEL};
+use crate::model::check::{Item, Status};
 use std::path::Path;
 
 /// `"6.18.44-fc-v669"` → `(6, 18)`.

@@ -10,8 +10,8 @@
 
 mod items;
 
+use crate::model::check::{Item, Report, Status};
 pub use items::*;
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// Oldest kernel sandboxd runs on: Landlock (5.13), idmapped ext4 mounts (5.12),
@@ -30,30 +30,6 @@ pub enum Error {
     Failed(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[schema(as = CheckStatus)]
-pub enum Status {
-    /// Met.
-    Ok,
-    /// Met in part: sandboxd runs, with less than it could.
-    Warn,
-    /// Not met: the daemon refuses to start.
-    Fail,
-}
-
-/// One requirement and how the host meets it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Item {
-    pub name: String,
-    pub status: Status,
-    /// What was found on this host.
-    pub found: String,
-    /// What to do; empty when the requirement is met.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub fix: String,
-}
-
 impl Item {
     pub(crate) fn new(name: &str, status: Status, found: impl Into<String>, fix: impl Into<String>) -> Item {
         Item { name: name.into(), status, found: found.into(), fix: fix.into() }
@@ -61,13 +37,6 @@ impl Item {
     pub(crate) fn ok(name: &str, found: impl Into<String>) -> Item {
         Item::new(name, Status::Ok, found, "")
     }
-}
-
-/// Every item; `ok` is false when one of them failed.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Report {
-    pub ok: bool,
-    pub items: Vec<Item>,
 }
 
 impl Report {

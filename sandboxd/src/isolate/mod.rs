@@ -41,4 +41,4 @@ pub mod supervise;
 pub use pooled::{Forked, PooledTemplate, Running};
 pub use sandboxes::Sandboxes;
 pub use slot::HELPER_ARG;
-pub use supervise::{Baseline, Bounds, Error, Outcome, Run, RunUsage, PIDS_KEEP};
+pub use supervise::{Baseline, Bounds, Error, Outcome, Run, PIDS_KEEP};

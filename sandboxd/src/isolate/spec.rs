@@ -82,7 +82,7 @@ mod tests {
     fn the_largest_spec_fits_the_bound_the_helper_reads_it_with() {
         let code = "\u{1}".repeat(1 << 20);
         let workspace = "/w".repeat(2048);
-        let policy = crate::policy::Policy::default();
+        let policy = crate::model::policy::Policy::default();
         let argv = vec![crate::plan::PYTHON.into(), crate::plan::RUNNER.into(), "0".repeat(32), "1".into()];
         let mut spec = crate::plan::sandbox_spec(
             Path::new("/rootfs"),

@@ -12,6 +12,7 @@ use super::output::{self, Captured, Chunk, StreamKind};
 use super::process::{kill_all, pipe, signal, socket_pair};
 use super::slot;
 use super::spec::SandboxSpec;
+use crate::model::run::RunUsage;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -94,43 +95,6 @@ pub struct Outcome {
     /// program started (a cold run's set-up; a pooled run's attach is timed by the pool).
     pub queue: Duration,
     pub setup: Duration,
-}
-
-/// What one run used, from its sandbox's cgroup, as run results report it.
-///
-/// A sandbox's cgroup can serve many runs (a cold slot, a pooled template, a
-/// kernel session), so each figure is measured over the run alone: counters are
-/// read when the run begins and when its processes are gone.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct RunUsage {
-    /// CPU time (user + system, all cores) used by the run's processes, in
-    /// milliseconds: the cgroup's CPU time at the end minus at the start
-    /// (`cpuacct.usage`, or `usage_usec` of `cpu.stat` on cgroup v2). It includes
-    /// building the sandbox (a cold run) or attaching the workspace (a pooled run).
-    /// Null when the host has no CPU accounting.
-    pub cpu_ms: Option<u64>,
-    /// The most memory the run had charged at once beyond what its sandbox held
-    /// when the run began, in bytes: the cgroup's memory peak over the run (reset
-    /// when the run begins) minus its charge then. Memory counts anonymous memory,
-    /// page cache and kernel memory the run's processes caused; what a pooled
-    /// run's fork shares with its template is not counted until written to. Null
-    /// when the kernel cannot reset the peak (cgroup v2 before Linux 6.12).
-    pub memory_peak_bytes: Option<u64>,
-    /// The most tasks (processes and threads) the run had at once, counting the
-    /// sandbox's init and the process that made it (a cold run's helper, a pooled
-    /// run's outer process); a kernel cell counts the kernel's interpreter. The
-    /// kernel's `pids.peak` cannot be reset, so this is the cgroup's peak at the
-    /// end minus the tasks present before the run that are not its own: exact for
-    /// a run that set a new peak, otherwise at most the sandbox's earlier peak. A
-    /// cold slot whose peak passed [`PIDS_KEEP`] tasks besides its own process,
-    /// and a pooled template whose run raised its peak to more than that, are
-    /// replaced, so a later run there counts at most [`PIDS_KEEP`] more than its
-    /// own (a pooled run also counts the peak its template's own forks left, at
-    /// most 3: `print(1)` counts 3 to 6 there); a kernel session keeps its
-    /// kernel, and its later cells count at least the busiest earlier cell until
-    /// the kernel restarts. Null when the kernel does not report `pids.peak`
-    /// (before Linux 6.1).
-    pub pids_peak: Option<u64>,
 }
 
 /// A sandbox whose run counted more tasks than this is replaced afterwards (see

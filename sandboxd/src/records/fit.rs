@@ -12,7 +12,7 @@
 //! [`super::KEPT_ERROR`]), a few hundred bytes.
 
 use super::{RunRecord, MAX_RECORD};
-use crate::run::RunResult;
+use crate::model::run::{KernelException, KernelResult, RunResult};
 use std::io;
 
 impl RunRecord {
@@ -57,8 +57,11 @@ impl RunRecord {
                 let mut texts: Vec<&mut String> = vec![stdout, stderr];
                 let outputs = texts.len();
                 if let Some(k) = kernel.as_mut() {
-                    for value in [k.result.as_mut(), k.exception.as_mut()].into_iter().flatten() {
-                        strings_of(value, &mut texts);
+                    if let Some(KernelResult(texts_by_type)) = k.result.as_mut() {
+                        texts.extend(texts_by_type.values_mut());
+                    }
+                    if let Some(KernelException { name, traceback, value }) = k.exception.as_mut() {
+                        texts.extend([name, traceback, value]);
                     }
                 }
                 let cut = cut_longest(&mut texts, over);
@@ -82,16 +85,6 @@ enum Part {
     /// The output, and a kernel's `result` and `exception` texts.
     Texts,
     Code,
-}
-
-/// Every string in `value` (a kernel's `result` or `exception`), keys aside.
-fn strings_of<'a>(value: &'a mut serde_json::Value, out: &mut Vec<&'a mut String>) {
-    match value {
-        serde_json::Value::String(s) => out.push(s),
-        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| strings_of(v, out)),
-        serde_json::Value::Object(map) => map.values_mut().for_each(|v| strings_of(v, out)),
-        _ => {}
-    }
 }
 
 /// Bytes of `c` inside a JSON string, as serde_json writes it.
@@ -152,8 +145,8 @@ mod tests {
     use super::super::tests::{id, result};
     use super::super::{Records, KEPT_CODE, KEPT_OUTPUT};
     use super::*;
-    use crate::run::Language;
-    use crate::session::Mode;
+    use crate::model::run::{Artifact, ArtifactKind, KernelFields, Language};
+    use crate::model::session::Mode;
     use std::fs;
 
     #[test]
@@ -165,11 +158,11 @@ mod tests {
         let mut r = result(&"\u{1}".repeat(KEPT_OUTPUT));
         r.stderr = r.stdout.clone();
         r.artifacts = (0..100)
-            .map(|i| crate::run::Artifact {
+            .map(|i| Artifact {
                 path: format!("{nasty}{i}"),
                 size_bytes: 1,
                 mime_type: "text/plain".into(),
-                kind: crate::run::ArtifactKind::File,
+                kind: ArtifactKind::File,
                 url: format!("http://x/{}", "%01".repeat(4000)),
             })
             .collect();
@@ -207,17 +200,21 @@ mod tests {
         let mut r = result(&ctrl(KEPT_OUTPUT));
         r.stderr = ctrl(KEPT_OUTPUT);
         r.artifacts = (0..300)
-            .map(|i| crate::run::Artifact {
+            .map(|i| Artifact {
                 path: format!("{}{i}", ctrl(4000)),
                 size_bytes: 1,
                 mime_type: "text/plain".into(),
-                kind: crate::run::ArtifactKind::File,
+                kind: ArtifactKind::File,
                 url: format!("http://x/{}", "%01".repeat(4000)),
             })
             .collect();
-        r.kernel = Some(crate::run::KernelFields {
-            result: Some(serde_json::json!({"text/plain": ctrl(65536), "text/html": ctrl(65536)})),
-            exception: Some(serde_json::json!({"name": ctrl(256), "value": ctrl(65536), "traceback": ctrl(65536)})),
+        r.kernel = Some(KernelFields {
+            result: Some(KernelResult(
+                [(KernelResult::PLAIN, ctrl(65536)), (KernelResult::HTML, ctrl(65536))]
+                    .map(|(k, v)| (k.to_string(), v))
+                    .into(),
+            )),
+            exception: Some(KernelException { name: ctrl(256), value: ctrl(65536), traceback: ctrl(65536) }),
             kernel_restarted: false,
         });
         r
@@ -226,10 +223,11 @@ mod tests {
     fn kernel_texts(r: &RunResult) -> Vec<String> {
         let k = r.kernel.as_ref().unwrap();
         let mut v = vec![];
-        for x in [&k.result, &k.exception].into_iter().flatten() {
-            for s in x.as_object().unwrap().values() {
-                v.push(s.as_str().unwrap().to_string());
-            }
+        if let Some(result) = &k.result {
+            v.extend(result.0.values().cloned());
+        }
+        if let Some(e) = &k.exception {
+            v.extend([e.name.clone(), e.traceback.clone(), e.value.clone()]);
         }
         v
     }

@@ -2,9 +2,10 @@
 //! signal and the line its stderr ends with, worked out in one place from why the
 //! kernel was cut off ([`Cutoff`]) and how its sandbox ended.
 
-use super::{signal_name, Ending, Status};
+use super::{signal_name, Ending};
 use crate::isolate;
 use crate::kernel::Cutoff;
+use crate::model::run::Status;
 
 /// How a cell whose kernel was cut off in the middle of it ended, as its result says.
 #[derive(Debug, PartialEq, Eq)]

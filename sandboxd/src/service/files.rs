@@ -3,9 +3,10 @@
 
 use super::{Caller, Error, FileUpload, Service};
 use crate::artifacts;
-use crate::listing::FileEntry;
+use crate::model::files::FileEntry;
+use crate::model::session::SessionInfo;
 use crate::names;
-use crate::session::{self, SessionInfo};
+use crate::session;
 use crate::workspace::{self, Workspace};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;

@@ -1,6 +1,6 @@
 //! The daemon's operations, typed: what the HTTP handlers ([`crate::api`]) and the
 //! MCP tools ([`crate::api::mcp`]) call in-process, and what [`crate::client`]
-//! calls over the API, with the same request and answer structs.
+//! calls over the API, with the same request and answer structs ([`crate::model`]).
 //!
 //! Each operation takes a [`Caller`] (whose token, if any) and typed input, and
 //! returns a typed answer or an [`Error`]. Nothing here knows HTTP: the API edge
@@ -18,15 +18,18 @@ mod records;
 pub use files::Upload;
 
 use crate::isolate::output::Chunk;
-use crate::listing;
-pub use crate::listing::{FileEntry, Listing};
-use crate::policy::Policy;
-use crate::records::{RunPage, RunRecord};
-use crate::run::{self, Context, RunRequest, RunResult};
-use crate::session::{self, Manager, Mode, SessionInfo};
+use crate::listing::{self, Listing};
+use crate::model::check::Report;
+use crate::model::files::FileEntry;
+use crate::model::health::{PoolStats, Problem};
+use crate::model::policy::Policy;
+use crate::model::records::{RunPage, RunRecord};
+use crate::model::run::{RunRequest, RunResult};
+use crate::model::session::{CreateSessionRequest, SessionInfo, StatusAnswer};
+use crate::run::{self, Context};
+use crate::session::{self, Manager};
 use crate::workspace;
 use futures_util::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -82,75 +85,6 @@ impl Error {
     }
 }
 
-/// The body of `POST /v1/sessions`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateSession {
-    /// Caller-chosen id (`^[A-Za-z0-9_-]{1,64}$`); made up when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = r"^[A-Za-z0-9_-]{1,64}$")]
-    pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<Mode>,
-    /// Idle time before the session is closed, seconds (1 to 30 days; default:
-    /// the daemon's `session_ttl_s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 2592000)]
-    pub ttl_s: Option<u64>,
-}
-
-/// The answer of an operation that only reports what it did:
-/// `{"status":"closed"}`, `{"status":"cancelled"|"idle"}`,
-/// `{"status":"deleted","path":...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Done {
-    #[schema(example = "closed")]
-    pub status: String,
-    /// The file deleted (`DELETE .../files/{path}` only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub path: Option<String>,
-}
-
-impl Done {
-    fn status(status: &str) -> Done {
-        Done { status: status.to_string(), path: None }
-    }
-}
-
-/// The limits of a policy a client states to its user (e.g. in MCP tool
-/// descriptions): a subset of `GET /v1/policies`' entries.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PolicyLimits {
-    pub name: String,
-    pub timeout_s: u64,
-    pub memory_mb: u64,
-    pub cpus: f64,
-    pub output_kb: u64,
-    /// Most code a run may send (KiB): MCP checks a run against it before it makes
-    /// a session for the run.
-    pub code_kb: u64,
-    pub upload_mb: u64,
-    pub mcp_inline_mb: u64,
-}
-
-impl From<&Policy> for PolicyLimits {
-    fn from(p: &Policy) -> Self {
-        PolicyLimits {
-            name: p.name.clone(),
-            timeout_s: p.timeout_s,
-            memory_mb: p.memory_mb,
-            cpus: p.cpus,
-            output_kb: p.output_kb,
-            code_kb: p.code_kb,
-            upload_mb: p.upload_mb,
-            mcp_inline_mb: p.mcp_inline_mb,
-        }
-    }
-}
-
 /// A workspace file opened for reading.
 pub struct OpenFile {
     pub file: std::fs::File,
@@ -171,12 +105,12 @@ pub type RunDone = oneshot::Receiver<Result<RunResult, Error>>;
 #[derive(Debug, Clone, Default)]
 pub struct Condition {
     /// What is degraded now (empty: nothing), see [`crate::health`].
-    pub problems: Vec<crate::health::Problem>,
+    pub problems: Vec<Problem>,
     /// The cgroup setup, described.
     pub cgroup: String,
     pub sessions: usize,
     pub busy_sessions: usize,
-    pub pool: crate::pool::Stats,
+    pub pool: PoolStats,
 }
 
 /// What the API (its handlers, and the MCP tools in the daemon) needs from below:
@@ -195,14 +129,14 @@ pub trait Operations: Send + Sync + 'static {
     fn create_session<'a>(
         &'a self,
         caller: &'a Caller,
-        req: CreateSession,
+        req: CreateSessionRequest,
     ) -> BoxFuture<'a, Result<SessionInfo, Error>>;
     fn get_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, Error>;
     fn list_sessions(&self, caller: &Caller) -> Vec<SessionInfo>;
     /// Close a session: kill its run, if any, and remove its files.
-    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Done, Error>>;
+    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<StatusAnswer, Error>>;
     /// Stop the run in flight in a session (it ends with status `killed`).
-    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, Error>;
+    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<StatusAnswer, Error>;
     /// Start `req` in its session (`req.session_id`), or in a new one made for it.
     /// The run goes on in a task of its own, so a caller that goes away cannot
     /// abort it halfway; its output goes to `chunks` as it comes, and the result
@@ -224,12 +158,12 @@ pub trait Operations: Send + Sync + 'static {
     /// with [`FileUpload::write`].
     fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool)
         -> Result<Box<dyn FileUpload>, Error>;
-    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error>;
+    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<StatusAnswer, Error>;
     /// What is degraded now (the problems [`crate::health`] finds), and the
     /// counters `GET /v1/health` shows.
     fn condition(&self) -> BoxFuture<'_, Condition>;
     /// The host check, as the daemon finds the host now (`GET /v1/check`).
-    fn check_host(&self) -> BoxFuture<'_, crate::check::Report>;
+    fn check_host(&self) -> BoxFuture<'_, Report>;
     /// Up to `limit` of the session's run records, newest first, older than run
     /// `before` when given ([`crate::records`]).
     fn list_runs<'a>(
@@ -342,6 +276,8 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::policy::PolicyLimits;
+    use crate::model::session::Mode;
 
     /// What the API serves is what the typed client reads back.
     #[test]
@@ -375,9 +311,13 @@ mod tests {
         assert_eq!(sent, serde_json::json!({"code": "1", "language": "python", "timeout_s": 2.5}));
         let got: RunRequest = serde_json::from_value(sent).unwrap();
         assert_eq!(got.timeout_s, Some(2.5));
-        let sent = serde_json::to_value(CreateSession { mode: Some(Mode::Script), ..Default::default() }).unwrap();
+        let sent =
+            serde_json::to_value(CreateSessionRequest { mode: Some(Mode::Script), ..Default::default() }).unwrap();
         assert_eq!(sent, serde_json::json!({"mode": "script"}));
 
-        assert_eq!(serde_json::to_value(Done::status("closed")).unwrap(), serde_json::json!({"status": "closed"}));
+        assert_eq!(
+            serde_json::to_value(StatusAnswer::status("closed")).unwrap(),
+            serde_json::json!({"status": "closed"})
+        );
     }
 }

@@ -5,16 +5,20 @@
 
 use super::files::Upload;
 use super::records::{self, blocking};
-use super::{Caller, Condition, CreateSession, Done, Error, FileUpload, OpenFile, Operations, RunDone, Service};
+use super::{Caller, Condition, Error, FileUpload, OpenFile, Operations, RunDone, Service};
 use crate::artifacts;
 use crate::check;
 use crate::isolate::output::Chunk;
 use crate::listing::{self, Listing};
+use crate::model::check::Report;
+use crate::model::policy::Policy;
+use crate::model::records::{RunPage, RunRecord};
+use crate::model::run::RunRequest;
+use crate::model::session::{CreateSessionRequest, Mode, SessionInfo, StatusAnswer};
 use crate::names;
-use crate::policy::Policy;
-use crate::records::{RunPage, RunRecord};
-use crate::run::{self, RunRequest};
-use crate::session::{Lease, Mode, SessionInfo};
+use crate::run;
+use crate::session::Lease;
+use crate::workspace;
 use futures_util::future::BoxFuture;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
@@ -37,7 +41,7 @@ impl Operations for Service {
     fn create_session<'a>(
         &'a self,
         caller: &'a Caller,
-        req: CreateSession,
+        req: CreateSessionRequest,
     ) -> BoxFuture<'a, Result<SessionInfo, Error>> {
         Box::pin(async move {
             Ok(self
@@ -55,16 +59,16 @@ impl Operations for Service {
         self.sessions.list(caller.owner())
     }
 
-    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Done, Error>> {
+    fn close_session<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<StatusAnswer, Error>> {
         Box::pin(async move {
             self.sessions.close(id, caller.owner()).await?;
-            Ok(Done::status("closed"))
+            Ok(StatusAnswer::status("closed"))
         })
     }
 
-    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<Done, Error> {
+    fn cancel_run(&self, caller: &Caller, id: &str) -> Result<StatusAnswer, Error> {
         let cancelled = self.sessions.cancel_run(id, caller.owner())?;
-        Ok(Done::status(if cancelled { "cancelled" } else { "idle" }))
+        Ok(StatusAnswer::status(if cancelled { "cancelled" } else { "idle" }))
     }
 
     fn start_run<'a>(
@@ -153,7 +157,7 @@ impl Operations for Service {
     }
 
     fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
-        let rel = names::path_of(path)?;
+        let rel = workspace::path_of_text(path)?;
         let (ws, _, hold) = self.open_workspace(caller, id)?;
         let (file, meta) = ws.open_read(&rel)?;
         let name = rel.file_name().map(|n| n.to_os_string()).unwrap_or_default();
@@ -167,7 +171,7 @@ impl Operations for Service {
         path: &str,
         overwrite: bool,
     ) -> Result<Box<dyn FileUpload>, Error> {
-        let rel = names::path_of(path)?;
+        let rel = workspace::path_of_text(path)?;
         let (ws, info, hold) = self.open_workspace(caller, id)?;
         let limit = self.sessions.policy(Some(&info.policy))?.upload_bytes();
         let file = ws.create(&rel, overwrite)?;
@@ -175,11 +179,11 @@ impl Operations for Service {
         Ok(Box::new(Upload::new(ws, rel, file, limit, url, hold)))
     }
 
-    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<Done, Error> {
-        let rel = names::path_of(path)?;
+    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<StatusAnswer, Error> {
+        let rel = workspace::path_of_text(path)?;
         let (ws, _, _hold) = self.open_workspace(caller, id)?;
         ws.remove(&rel)?;
-        Ok(Done { status: "deleted".into(), path: Some(names::text(rel.as_os_str().as_bytes())) })
+        Ok(StatusAnswer { status: "deleted".into(), path: Some(names::text(rel.as_os_str().as_bytes())) })
     }
 
     fn condition(&self) -> BoxFuture<'_, Condition> {
@@ -201,7 +205,7 @@ impl Operations for Service {
         })
     }
 
-    fn check_host(&self) -> BoxFuture<'_, check::Report> {
+    fn check_host(&self) -> BoxFuture<'_, Report> {
         Box::pin(check::now((*self.check).clone()))
     }
 

@@ -1,8 +1,9 @@
 //! Making a session: its id reserved under the quotas (and the state
 //! directory's room), then its workspace made and mounted, and only then ready.
 
-use super::{key, new_id, rfc3339, shown, validate_id, Error, Live, Manager, Mode, Phase, SessionInfo, TEARDOWN_WAIT};
-use crate::policy::Policy;
+use super::{key, new_id, rfc3339, shown, validate_id, Error, Live, Manager, Phase, TEARDOWN_WAIT};
+use crate::model::policy::Policy;
+use crate::model::session::{Mode, SessionInfo};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -157,7 +158,7 @@ mod tests {
         assert_eq!(m.get("a", Some(OWNER)).unwrap().id, "a");
         assert_eq!(m.get(KEY_A, None).unwrap().id, KEY_A);
         assert!(matches!(m.get("a", Some(OTHER)), Err(Error::NotFound(id)) if id == "a"));
-        assert_eq!(m.workspace_of("a", Some(OWNER)).unwrap(), dir.join("data"));
+        assert_eq!(m.workspace(&key("a", Some(OWNER)).unwrap()), dir.join("data"));
         // The same id again is refused; another token's `a` is its own.
         let again = m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await;
         assert!(matches!(again, Err(Error::Exists(id)) if id == "a"));

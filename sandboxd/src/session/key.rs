@@ -2,7 +2,8 @@
 //! manager, the session's directory and its kernel go by (see the module doc of
 //! [`super`]), and how a stored session is shown back to its caller.
 
-use super::{Error, SessionInfo};
+use super::Error;
+use crate::model::session::SessionInfo;
 use std::time::SystemTime;
 
 /// A time as the API shows it: RFC 3339, UTC, to the second.

@@ -2,9 +2,10 @@
 //! its kernel with it), a [`Use`] for one file operation or one response body.
 //! A session's teardown waits for both (or, past its deadline, cuts what is left).
 
-use super::{key, rfc3339, shown, Error, Manager, Mode, Phase, SessionInfo};
+use super::{key, rfc3339, shown, Error, Manager, Phase};
 use crate::kernel::Kernel;
-use crate::policy::Policy;
+use crate::model::policy::Policy;
+use crate::model::session::{Mode, SessionInfo};
 use crate::records::Records;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,6 +39,18 @@ impl Lease {
     /// session's teardown (or the daemon's shutdown) stops it.
     pub async fn put_kernel(&self, kernel: Kernel) {
         self.manager.kernels.put(&self.id, kernel).await;
+    }
+
+    /// Note that the session has had a kernel: its variables would be lost with
+    /// the daemon (see [`Lease::take_kernel_lost`]).
+    pub fn mark_kernel_started(&self) {
+        self.manager.mark_kernel_started(&self.id);
+    }
+
+    /// Whether the session's kernel went with an earlier daemon and no cell has
+    /// said so yet; the answer is given once.
+    pub fn take_kernel_lost(&self) -> bool {
+        self.manager.take_kernel_lost(&self.id)
     }
 }
 

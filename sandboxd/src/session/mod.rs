@@ -19,10 +19,10 @@
 //! `quota.rs` (sessions and runs held, the state directory's room), `create.rs`,
 //! `teardown.rs` (close, expiry) and `recover.rs` (restart, shutdown).
 
-use crate::policy::Policy;
+use crate::model::policy::Policy;
+use crate::model::session::SessionInfo;
 use crate::records::Records;
 use crate::storage::{self, Storage};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -76,49 +76,6 @@ pub enum Error {
     /// The session's workspace could not be made (a host failure, not the caller's).
     #[error("creating the session workspace: {0}")]
     Workspace(std::io::Error),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Every run is a fresh sandbox over the session's workspace.
-    #[default]
-    Script,
-    /// One interpreter stays alive across runs: variables persist ([`crate::kernel`]).
-    Kernel,
-}
-
-/// What is stored of a session, and what the API shows.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct SessionInfo {
-    pub id: String,
-    pub mode: Mode,
-    pub policy: String,
-    /// RFC 3339, UTC.
-    pub created_at: String,
-    pub last_used_at: String,
-    pub ttl_s: u64,
-    /// The token identity that owns the session (a hash, never the token); absent
-    /// for sessions made without a token.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub owner: Option<String>,
-    /// The host uid the session's code runs as.
-    #[serde(default)]
-    pub uid: u32,
-    /// Always stored as false: only the live state says a session is busy.
-    #[serde(default)]
-    pub busy: bool,
-}
-
-impl Mode {
-    /// The mode's name, as the API writes it (`script`, `kernel`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Mode::Script => "script",
-            Mode::Kernel => "kernel",
-        }
-    }
 }
 
 /// Where a session is in its life. Only a `Ready` session is reachable by any
@@ -293,8 +250,8 @@ impl Manager {
     }
 
     /// Note on disk that session `key` has had a kernel (its variables would be lost
-    /// with the daemon: see [`Manager::take_kernel_lost`]).
-    pub fn mark_kernel_started(&self, key: &str) {
+    /// with the daemon: see [`Manager::take_kernel_lost`]); a cell's [`Lease`] does.
+    fn mark_kernel_started(&self, key: &str) {
         let mark = self.session_dir(key).join(KERNEL_STARTED);
         let made = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(&mark);
         if let Err(e) = made {
@@ -303,8 +260,8 @@ impl Manager {
     }
 
     /// Whether session `key`'s kernel went with an earlier daemon and no cell has
-    /// said so yet; the answer is given once.
-    pub fn take_kernel_lost(&self, key: &str) -> bool {
+    /// said so yet; the answer is given once (to a cell's [`Lease`]).
+    fn take_kernel_lost(&self, key: &str) -> bool {
         self.lock().get_mut(key).is_some_and(|l| std::mem::take(&mut l.kernel_lost))
     }
 
@@ -317,15 +274,6 @@ impl Manager {
 
     fn ready_mut<'a>(map: &'a mut HashMap<String, Live>, key: &str, owner: Option<&str>) -> Option<&'a mut Live> {
         map.get_mut(key).filter(|l| l.phase == Phase::Ready && Self::visible(l, owner))
-    }
-
-    /// The workspace of session `id` as `owner` addresses it, if `owner` sees it.
-    pub fn workspace_of(&self, id: &str, owner: Option<&str>) -> Result<PathBuf, Error> {
-        let key = key(id, owner)?;
-        match Self::ready(&self.lock(), &key, owner) {
-            Some(_) => Ok(self.workspace(&key)),
-            None => Err(Self::not_found(id)),
-        }
     }
 
     fn persist(&self, info: &SessionInfo) {

@@ -4,8 +4,9 @@
 //! workspace, loop device and uid: they count until their teardown has ended, so
 //! churning creates and closes never holds more than the quotas.
 
-use super::{Error, Live, Manager, Mode, Phase};
-use crate::policy::Policy;
+use super::{Error, Live, Manager, Phase};
+use crate::model::policy::Policy;
+use crate::model::session::Mode;
 use std::collections::HashMap;
 
 /// How a quota refusal names the sessions that still count while torn down.

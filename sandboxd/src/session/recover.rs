@@ -2,7 +2,8 @@
 //! those of tokens whose owner ids it made the older way), and unmounting every
 //! workspace at shutdown.
 
-use super::{key_of, validate_id, Live, Manager, Mode, Phase, SessionInfo, KERNEL_STARTED};
+use super::{key_of, validate_id, Live, Manager, Phase, KERNEL_STARTED};
+use crate::model::session::{Mode, SessionInfo};
 use crate::records::Records;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

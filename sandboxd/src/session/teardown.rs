@@ -129,8 +129,9 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{dir, KEY_A, OWNER};
-    use super::super::{Live, Mode};
+    use super::super::Live;
     use super::*;
+    use crate::model::session::Mode;
     use crate::storage::fake::Dirs;
 
     fn manager(dir: &std::path::Path, max: usize, deadline: Duration) -> Arc<Manager> {

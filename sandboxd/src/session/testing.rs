@@ -1,8 +1,9 @@
 //! What the session files' unit tests share: a manager whose workspaces are
 //! plain directories ([`Dirs`]: no root, no mounts) in a temporary state directory.
 
-use super::{Manager, Mode, SessionInfo};
-use crate::policy::Policy;
+use super::Manager;
+use crate::model::policy::Policy;
+use crate::model::session::{Mode, SessionInfo};
 use crate::storage::fake::Dirs;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -63,6 +63,12 @@ pub enum Error {
     Io(String, io::Error),
 }
 
+/// The workspace path a client's path in its text form ([`crate::names`]) names:
+/// read back to bytes, then checked ([`validate`]).
+pub fn path_of_text(text: &str) -> Result<PathBuf, Error> {
+    validate(crate::names::parse(text))
+}
+
 /// Check a path (raw bytes, as [`crate::names`] reads them from a URL or a text):
 /// relative, no `..`, `.` or empty parts, no NUL, at most [`MAX_PATH`] bytes and
 /// 255 a part. Anything else a file name can hold is allowed (a backslash, `%`,

@@ -4,10 +4,12 @@
 use super::Backend;
 use crate::api::error::ApiError;
 use crate::client::ClientError;
-use crate::policy::Policy;
-use crate::run::{RunRequest, RunResult};
-use crate::service::{self, Caller, CreateSession as CreateSessionRequest, Done, FileEntry};
-use crate::session::{self, SessionInfo};
+use crate::model::files::FileEntry;
+use crate::model::policy::Policy;
+use crate::model::run::{RunRequest, RunResult};
+use crate::model::session::{CreateSessionRequest, SessionInfo, StatusAnswer as Done};
+use crate::service::{self, Caller};
+use crate::session;
 use rmcp::model::{CallToolResult, ContentBlock};
 
 /// Why a tool's operation failed, from either backend.
@@ -190,7 +192,7 @@ impl Call<'_> {
                 .into_iter()
                 .find(|p| p.name == policy)
                 .map(|p| p.mcp_inline_mb)
-                .unwrap_or(crate::policy::Policy::default().mcp_inline_mb),
+                .unwrap_or(crate::model::policy::Policy::default().mcp_inline_mb),
         };
         Ok(mb * 1024 * 1024)
     }

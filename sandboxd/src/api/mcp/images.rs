@@ -2,7 +2,7 @@
 //! the async runtime, downscaled so that together they fit one result.
 
 use super::call::{Call, Failure};
-use crate::run::{ArtifactKind, RunResult};
+use crate::model::run::{ArtifactKind, RunResult};
 use base64::Engine;
 use rmcp::model::ContentBlock;
 

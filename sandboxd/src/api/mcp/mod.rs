@@ -26,7 +26,8 @@ mod render;
 pub mod tools;
 
 use crate::client::Client;
-use crate::service::{Caller, Operations, PolicyLimits};
+use crate::model::policy::PolicyLimits;
+use crate::service::{Caller, Operations};
 use call::{Call, Failure};
 pub use images::{fit_image, fit_image_within, Unfit, MAX_IMAGES, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_RESULT_BYTES};
 pub use protocol::SessionLimits;

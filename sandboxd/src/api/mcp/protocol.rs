@@ -24,7 +24,8 @@
 //!   messages, so it closed a session in the middle of a tool call that ran longer
 //!   than the keep-alive without progress notifications.
 
-use crate::api::error::{ApiError, Code};
+use crate::api::error::ApiError;
+use crate::model::error::Code;
 use crate::service::Caller;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method};

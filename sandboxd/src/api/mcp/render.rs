@@ -1,9 +1,9 @@
 //! What a model reads: a run's result as text, the tools' descriptions (with the
 //! default policy's limits) and their argument schemas.
 
-use crate::run::{ArtifactKind, RunResult, Status};
-use crate::service::PolicyLimits;
-use crate::session::SessionInfo;
+use crate::model::policy::PolicyLimits;
+use crate::model::run::{ArtifactKind, RunResult, Status};
+use crate::model::session::SessionInfo;
 
 /// The tools' descriptions, with the limits of `default` (the daemon's default
 /// policy) when known.
@@ -129,7 +129,7 @@ pub fn describe_run(r: &RunResult) -> String {
         }
     }
     let kernel = r.kernel.as_ref();
-    if let Some(text) = kernel.and_then(|k| k.result.as_ref()).and_then(|v| v["text/plain"].as_str()) {
+    if let Some(text) = kernel.and_then(|k| k.result.as_ref()).and_then(|v| v.plain()) {
         s.push_str(&format!("--- result ---\n{text}\n"));
     }
     if kernel.is_some_and(|k| k.kernel_restarted) {

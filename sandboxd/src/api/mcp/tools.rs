@@ -5,9 +5,9 @@ use super::call::{failure, session_arg, Failure};
 use super::images::{fit_image_off_runtime, image_budget, images, MAX_IMAGE_BYTES};
 use super::render::{describe_run, made_note};
 use super::SandboxMcp;
-use crate::run::{Language, RunRequest, Status};
-use crate::service::{self, CreateSession as CreateSessionRequest};
-use crate::session::Mode;
+use crate::model::run::{Language, RunRequest, Status};
+use crate::model::session::{CreateSessionRequest, Mode};
+use crate::service;
 use base64::Engine;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam};
@@ -231,7 +231,7 @@ impl SandboxMcp {
             None => {
                 // Checked against the new session's policy first: a refused upload makes no session.
                 let size = bytes.len() as u64;
-                let fits = |policy: &crate::policy::Policy| match policy.upload_bytes() {
+                let fits = |policy: &crate::model::policy::Policy| match policy.upload_bytes() {
                     limit if size > limit => Err(service::Error::UploadTooLarge { limit }),
                     _ => Ok(()),
                 };

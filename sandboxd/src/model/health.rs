@@ -1,0 +1,91 @@
+//! What `GET /v1/health` answers: the daemon's status, what is degraded, and its
+//! counters.
+
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// The health report. Every field but `status` and `version` is left out for a
+/// caller without a known token when the daemon has tokens (over HTTP): they
+/// show the host (cgroup paths, the rootfs) and every tenant's counts.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok`, or `degraded` when `problems` lists something; `draining` while the
+    /// daemon stops (every other route answers 503 `unavailable` then).
+    #[schema(example = "ok")]
+    pub status: &'static str,
+    pub version: &'static str,
+    /// What is degraded now and what to do (empty when `ok`); see [`crate::health`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub problems: Option<Vec<Problem>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub rootfs_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cgroup: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub landlock_abi: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub sessions: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub busy_sessions: Option<usize>,
+    /// Template interpreters for one-shot Python runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub pool: Option<PoolStats>,
+}
+
+impl Health {
+    /// What anyone may see: the status and the version, nothing else.
+    pub fn short(status: &'static str, version: &'static str) -> Self {
+        Health {
+            status,
+            version,
+            problems: None,
+            rootfs_sha256: None,
+            cgroup: None,
+            landlock_abi: None,
+            sessions: None,
+            busy_sessions: None,
+            pool: None,
+        }
+    }
+}
+
+/// One thing that is degraded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// `rootfs`, `cgroups`, `pool`, or `host: <check item>`.
+    pub name: String,
+    /// What is wrong now.
+    pub found: String,
+    /// What to do.
+    pub fix: String,
+}
+
+/// Counters and sizes, for `GET /v1/health`.
+#[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
+#[schema(as = Stats)]
+pub struct PoolStats {
+    /// Template interpreters kept per policy in use (0: the pool is off); each
+    /// serves one run at a time.
+    pub size_per_policy: usize,
+    /// Templates idle now, all policies.
+    pub ready: usize,
+    /// Idle templates per policy.
+    pub ready_by_policy: HashMap<String, usize>,
+    /// Templates serving a run now.
+    pub busy: usize,
+    /// Runs served by a fork of a template.
+    pub hits: u64,
+    /// Python runs that found no idle template and used a cold sandbox.
+    pub misses: u64,
+    /// Templates that failed to start or to fork, or died idle.
+    pub failures: u64,
+    /// Memory held by the idle templates, bytes.
+    pub memory_bytes: u64,
+}
