@@ -280,7 +280,7 @@ impl Pool {
         let baseline = template.baseline();
         let attach_began = std::time::Instant::now();
         let started = async {
-            let forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
+            let forked = template.take_prepared().ok_or(isolate::Error::NoPreparedFork)?;
             template.attach(&forked, job.workspace, job.owner_uid).await?;
             let code = RunCode { code: job.code, run_id: job.run_id, autosave: job.autosave };
             forked.send_code(&code).await
@@ -313,7 +313,7 @@ impl Pool {
                             Err(isolate::Error::PidsSpent(isolate::PIDS_KEEP))
                         }
                         Some(library) => template.recycle(oom_before, &plan::child_spec(&policy), library).await,
-                        None => Err(isolate::Error::NoStatus),
+                        None => Err(isolate::Error::NoLibrary),
                     };
                     if let Err(e) = &back {
                         tracing::info!(policy = %policy.name, reason = %e, "a pooled template is replaced after its run");
@@ -538,7 +538,7 @@ mod tests {
     #[test]
     fn each_start_error_says_what_went_wrong() {
         let said = [
-            Error::Start(isolate::Error::NoStatus),
+            Error::Start(isolate::Error::HelperGone),
             Error::ImportsTimedOut(READY_TIMEOUT),
             Error::Protocol(isolate::channel::Error::TooLong(65536)),
             Error::EndedBeforeReady,
@@ -549,7 +549,7 @@ mod tests {
         assert_eq!(
             said,
             [
-                "the sandbox helper ended without reporting the program's status",
+                "the sandbox helper closed its control socket before the program ended",
                 "its imports took longer than 300 s",
                 "it broke the protocol: a line longer than 65536 bytes",
                 "the interpreter ended before it was ready",

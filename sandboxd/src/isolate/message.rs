@@ -3,13 +3,16 @@
 //! (`rootfs/support/sandboxd_runner.py`, `kernel.py`) and the in-sandbox processes
 //! of this binary speak exactly these. Everything is read bounded and parsed
 //! strictly ([`super::channel`]); a line that is not one of a channel's messages
-//! is an [`Error::Malformed`], never a panic.
+//! is an [`Error::Malformed`], never a panic. How a program ended is one type,
+//! [`Exit`], on every channel that says it. This table and the "Channels and their
+//! messages" section of `ARCHITECTURE.md` (at the repository's root) describe the
+//! same protocol, each from its side: change both.
 //!
 //! | channel | carrier | daemon → peer | peer → daemon |
 //! |---|---|---|---|
 //! | slot | SOCK_SEQPACKET, one datagram each | [`Prepare`], then per run `r` + [`HelperFds`] | [`SlotReply`] |
 //! | helper control | stream socket, JSON lines | one [`SandboxSpec`], then [`HelperRequest`]s | [`Event`]s |
-//! | init report | pipe, text lines | — | [`InitLine`] (init → helper, or → a fork's outer process) |
+//! | init report | pipe, JSON lines | — | [`InitLine`] (init → helper, or → a fork's outer process) |
 //! | template | the template's stdin socket, JSON lines | [`ForkRequest`] + [`ForkFds`] | [`TemplateMessage`] |
 //! | a pooled run's socket | stream socket, JSON lines | [`ForkReply`], then [`RunCode`] | [`ForkMessage`]s, then [`RunClaim`] |
 //! | a pooled run's report | pipe, JSON lines | — | [`Report`] (from the fork's outer process) |
@@ -41,6 +44,57 @@ impl Failure {
 
     pub fn line(&self) -> InitLine {
         InitLine::Failed { step: self.step.into(), error: self.error.clone() }
+    }
+
+    /// Write this failure as an [`InitLine`], through a fixed buffer
+    /// ([`InitLine::write`]): nothing is allocated.
+    pub fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        Wire::Failed { step: self.step, error: &self.error }.write(out)
+    }
+}
+
+// ---- how a program ended ---------------------------------------------------------
+
+/// How a program ended, as the process that reaped it saw it: the one form on
+/// every channel that says it ([`InitLine::Ended`], [`Event::Ended`],
+/// [`Report::Ended`]): `{"exited":3}` or `{"signaled":9}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exit {
+    /// It exited with this code.
+    Exited(i32),
+    /// This signal killed it.
+    Signaled(i32),
+}
+
+impl Exit {
+    /// Killed by SIGKILL: how a run the daemon killed ended.
+    pub const KILLED: Exit = Exit::Signaled(libc::SIGKILL);
+
+    /// The exit code, when it exited.
+    pub fn code(self) -> Option<i32> {
+        match self {
+            Exit::Exited(code) => Some(code),
+            Exit::Signaled(_) => None,
+        }
+    }
+
+    /// The signal that killed it, when one did.
+    pub fn signal(self) -> Option<i32> {
+        match self {
+            Exit::Exited(_) => None,
+            Exit::Signaled(signal) => Some(signal),
+        }
+    }
+
+    /// How the process of a wait status ended; `None` when it has not ended (a
+    /// stopped or continued process, or none).
+    pub fn of(status: nix::sys::wait::WaitStatus) -> Option<Exit> {
+        match status {
+            nix::sys::wait::WaitStatus::Exited(_, code) => Some(Exit::Exited(code)),
+            nix::sys::wait::WaitStatus::Signaled(_, signal, _) => Some(Exit::Signaled(signal as i32)),
+            _ => None,
+        }
     }
 }
 
@@ -129,10 +183,8 @@ pub enum Event {
     Furnished,
     /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.
     Warning { message: String },
-    /// The program ended by itself.
-    Exited { code: i32 },
-    /// The program was killed by a signal.
-    Signaled { signal: i32 },
+    /// The program ended, as the init reaped it.
+    Ended { exit: Exit },
     /// The sandbox's init was killed (by the daemon at a timeout, or the OOM killer)
     /// before the program's status could be reported.
     InitKilled { signal: i32 },
@@ -140,49 +192,124 @@ pub enum Event {
     SetupFailed { step: String, error: String },
 }
 
+impl Event {
+    /// Its tag on the wire, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::HelperStarted { .. } => "helper_started",
+            Event::Started { .. } => "started",
+            Event::Attached => "attached",
+            Event::Furnished => "furnished",
+            Event::Warning { .. } => "warning",
+            Event::Ended { .. } => "ended",
+            Event::InitKilled { .. } => "init_killed",
+            Event::SetupFailed { .. } => "setup_failed",
+        }
+    }
+}
+
 // ---- init report -------------------------------------------------------------------
 
 /// A line the sandbox's init (or its program's process, before exec) writes on its
-/// report pipe: `W msg` (warning), `F step<TAB>msg` (setup failed), `X code`
-/// (exited), `S signal` (killed by a signal). Texts never hold a newline.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// report pipe, as JSON: `{"warning":"..."}`, `{"failed":{"step":"...","error":"..."}}`
+/// (setting up failed), `{"ended":{"exited":3}}` or `{"ended":{"signaled":9}}` (how
+/// the program ended, [`Exit`]). Written through a fixed buffer ([`InitLine::write`]),
+/// read bounded and strictly ([`super::init::read_report`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum InitLine {
     Warning(String),
     Failed { step: String, error: String },
-    Exited(i32),
-    Signaled(i32),
+    Ended(Exit),
+}
+
+/// The most bytes an [`InitLine`] takes on its pipe, its `'\n'` included: one
+/// pipe buffer's atomic write (`PIPE_BUF`), and below what a reader accepts
+/// ([`super::init::REPORT_LINE`]). Longer texts are cut to fit.
+pub const INIT_LINE_MAX: usize = 4096;
+const _: () = assert!(INIT_LINE_MAX <= super::init::REPORT_LINE && INIT_LINE_MAX <= libc::PIPE_BUF);
+/// The most bytes a failure's step takes, escaped, in an [`InitLine`].
+const STEP_MAX: usize = 256;
+
+/// [`InitLine`] with borrowed texts: what the init and a fork encode, into a fixed
+/// buffer, so that writing a line allocates nothing. Its bytes are [`InitLine`]'s
+/// (a test pins both).
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Wire<'a> {
+    Warning(&'a str),
+    Failed { step: &'a str, error: &'a str },
+    Ended(Exit),
+}
+
+impl Wire<'_> {
+    /// Encode into a buffer on the stack, the texts cut to fit it, and write it in
+    /// one `write_all` (at most [`INIT_LINE_MAX`] bytes: atomic on a pipe).
+    fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut buf = [0u8; INIT_LINE_MAX];
+        let n = self.encode_into(&mut buf);
+        out.write_all(&buf[..n])
+    }
+
+    /// The line, with its `'\n'`, in `buf`; its length. The texts are cut (on a
+    /// character boundary) so that, escaped at the most (6 bytes a control
+    /// character), the line fits: serializing never runs out of room, and so never
+    /// allocates an error.
+    fn encode_into(&self, buf: &mut [u8; INIT_LINE_MAX]) -> usize {
+        // Room for the keys, quotes and braces of the longest form, and the '\n'.
+        const FRAME: usize = 64;
+        let cut = match *self {
+            Wire::Warning(m) => Wire::Warning(fit(m, INIT_LINE_MAX - FRAME)),
+            Wire::Failed { step, error } => {
+                Wire::Failed { step: fit(step, STEP_MAX), error: fit(error, INIT_LINE_MAX - FRAME - STEP_MAX) }
+            }
+            Wire::Ended(exit) => Wire::Ended(exit),
+        };
+        let mut rest = &mut buf[..INIT_LINE_MAX - 1];
+        // Cannot fail: the texts were cut to fit, and integers take at most 11 bytes.
+        let _ = serde_json::to_writer(&mut rest, &cut);
+        let n = INIT_LINE_MAX - 1 - rest.len();
+        buf[n] = b'\n';
+        n + 1
+    }
+}
+
+/// The longest prefix of `text`, cut on a character boundary, whose JSON string
+/// form takes at most `room` bytes however it is escaped.
+fn fit(text: &str, room: usize) -> &str {
+    let mut used = 0;
+    for (i, c) in text.char_indices() {
+        used += match c {
+            '"' | '\\' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        };
+        if used > room {
+            return &text[..i];
+        }
+    }
+    text
 }
 
 impl InitLine {
-    /// The line, with its `'\n'`; newlines inside the texts become spaces.
-    pub fn encode(&self) -> String {
-        let one = |s: &str| s.replace('\n', " ");
+    /// Write the line on `out` (the init's report pipe, or the program's set-up
+    /// pipe) without allocating: it is encoded into a fixed buffer on the stack, its
+    /// texts cut to fit [`INIT_LINE_MAX`].
+    pub fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         match self {
-            InitLine::Warning(m) => format!("W {}\n", one(m)),
-            InitLine::Failed { step, error } => format!("F {}\t{}\n", one(step).replace('\t', " "), one(error)),
-            InitLine::Exited(code) => format!("X {code}\n"),
-            InitLine::Signaled(sig) => format!("S {sig}\n"),
+            InitLine::Warning(m) => Wire::Warning(m),
+            InitLine::Failed { step, error } => Wire::Failed { step, error },
+            InitLine::Ended(exit) => Wire::Ended(*exit),
         }
+        .write(out)
     }
 
-    /// One line, without its `'\n'`. A failure without a step is the sandbox's.
-    pub fn parse(line: &str) -> Result<InitLine, Error> {
-        let bad = |reason: &str| Error::Malformed {
-            reason: reason.into(),
-            excerpt: super::channel::excerpt(line.as_bytes()),
-        };
-        let (kind, rest) = line.split_at_checked(1).ok_or_else(|| bad("an empty report line"))?;
-        let rest = rest.trim_start();
-        match kind {
-            "W" => Ok(InitLine::Warning(rest.into())),
-            "X" => rest.parse().map(InitLine::Exited).map_err(|_| bad("an exit code that is not a number")),
-            "S" => rest.parse().map(InitLine::Signaled).map_err(|_| bad("a signal that is not a number")),
-            "F" => {
-                let (step, error) = rest.split_once('\t').unwrap_or(("sandbox", rest));
-                Ok(InitLine::Failed { step: step.into(), error: error.into() })
-            }
-            _ => Err(bad("an unknown report kind")),
-        }
+    /// The line as [`InitLine::write`] writes it, with its `'\n'`.
+    #[cfg(test)]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![];
+        let _ = self.write(&mut out);
+        out
     }
 
     /// The helper's [`Event`] for this line.
@@ -190,8 +317,7 @@ impl InitLine {
         match self {
             InitLine::Warning(message) => Event::Warning { message },
             InitLine::Failed { step, error } => Event::SetupFailed { step, error },
-            InitLine::Exited(code) => Event::Exited { code },
-            InitLine::Signaled(signal) => Event::Signaled { signal },
+            InitLine::Ended(exit) => Event::Ended { exit },
         }
     }
 }
@@ -281,10 +407,8 @@ pub enum RunClaim {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Report {
-    /// The run's process exited with this code.
-    ExitCode(i32),
-    /// The run's process (or its init) was killed by this signal.
-    Signal(i32),
+    /// How the run's process ended (killed by a signal: it, or its init).
+    Ended(Exit),
     /// The sandbox could not be made; the run's process never got to run anything.
     Failed { step: String, error: String },
 }
@@ -331,6 +455,8 @@ pub enum KernelMessage {
     },
 }
 
+/// One of a program's two output streams: in a kernel's [`KernelMessage::Chunk`],
+/// and in the daemon wherever output is kept or streamed ([`super::output`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
@@ -396,14 +522,28 @@ mod tests {
         exact(r#"{"event":"started","init_pid":4}"#, Event::Started { init_pid: 4 });
         exact(r#"{"event":"attached"}"#, Event::Attached);
         exact(r#"{"event":"warning","message":"w"}"#, Event::Warning { message: "w".into() });
-        exact(r#"{"event":"exited","code":-1}"#, Event::Exited { code: -1 });
-        exact(r#"{"event":"signaled","signal":9}"#, Event::Signaled { signal: 9 });
+        exact(r#"{"event":"ended","exit":{"exited":-1}}"#, Event::Ended { exit: Exit::Exited(-1) });
+        exact(r#"{"event":"ended","exit":{"signaled":9}}"#, Event::Ended { exit: Exit::Signaled(9) });
         exact(r#"{"event":"init_killed","signal":9}"#, Event::InitKilled { signal: 9 });
         exact(
             r#"{"event":"setup_failed","step":"mounts","error":"x"}"#,
             Event::SetupFailed { step: "mounts".into(), error: "x".into() },
         );
         exact(r#"{"event":"furnished"}"#, Event::Furnished);
+        // Each event's name is its tag.
+        for e in [
+            Event::HelperStarted { pid: 1 },
+            Event::Started { init_pid: 1 },
+            Event::Attached,
+            Event::Furnished,
+            Event::Warning { message: "w".into() },
+            Event::Ended { exit: Exit::KILLED },
+            Event::InitKilled { signal: 9 },
+            Event::SetupFailed { step: "s".into(), error: "e".into() },
+        ] {
+            let wire = serde_json::to_value(&e).unwrap();
+            assert_eq!(wire["event"], e.name());
+        }
         exact(
             r#"{"op":"attach","pid":12,"workspace":"/w","owner_uid":5,"owner_gid":6}"#,
             HelperRequest::Attach(Attach { pid: Some(12), workspace: "/w".into(), owner_uid: 5, owner_gid: 6 }),
@@ -422,27 +562,91 @@ mod tests {
     }
 
     #[test]
-    fn init_lines_round_trip_and_stay_on_one_line() {
-        for (line, msg) in [
-            ("X 3", InitLine::Exited(3)),
-            ("S 9", InitLine::Signaled(9)),
-            ("W careful", InitLine::Warning("careful".into())),
-            ("F mounts\tbind /x: EPERM", InitLine::Failed { step: "mounts".into(), error: "bind /x: EPERM".into() }),
+    fn an_exit_has_one_wire_form_on_every_channel() {
+        exact(r#"{"exited":3}"#, Exit::Exited(3));
+        exact(r#"{"exited":-1}"#, Exit::Exited(-1));
+        exact(r#"{"signaled":9}"#, Exit::Signaled(9));
+        assert_eq!(Exit::KILLED, Exit::Signaled(libc::SIGKILL));
+        assert_eq!((Exit::Exited(3).code(), Exit::Exited(3).signal()), (Some(3), None));
+        assert_eq!((Exit::Signaled(11).code(), Exit::Signaled(11).signal()), (None, Some(11)));
+        use nix::sys::wait::WaitStatus;
+        let pid = nix::unistd::Pid::from_raw(2);
+        assert_eq!(Exit::of(WaitStatus::Exited(pid, 70)), Some(Exit::Exited(70)));
+        assert_eq!(Exit::of(WaitStatus::Signaled(pid, nix::sys::signal::SIGSEGV, true)), Some(Exit::Signaled(11)));
+        assert_eq!(Exit::of(WaitStatus::StillAlive), None);
+        for bad in [
+            &br#"{"exited":3,"signaled":9}"#[..],
+            br#"{"exited":"3"}"#,
+            br#"{"exited":4294967296}"#,
+            br#"{"killed":9}"#,
+            br#""exited""#,
+            br#"{"code":3}"#,
         ] {
-            assert_eq!(msg.encode(), format!("{line}\n"));
-            assert_eq!(InitLine::parse(line).unwrap(), msg);
+            assert!(parse::<Exit>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
         }
-        let f = Failure { step: "exec", error: "a\nb".into() };
-        assert_eq!(f.line().encode(), "F exec\ta b\n");
-        assert_eq!(InitLine::Warning("x\ny".into()).encode(), "W x y\n");
+    }
+
+    #[test]
+    fn init_lines_keep_their_wire_form_and_are_written_through_a_fixed_buffer() {
+        for (wire, msg) in [
+            (r#"{"ended":{"exited":3}}"#, InitLine::Ended(Exit::Exited(3))),
+            (r#"{"ended":{"signaled":9}}"#, InitLine::Ended(Exit::Signaled(9))),
+            (r#"{"warning":"careful"}"#, InitLine::Warning("careful".into())),
+            (
+                r#"{"failed":{"step":"mounts","error":"bind /x: EPERM"}}"#,
+                InitLine::Failed { step: "mounts".into(), error: "bind /x: EPERM".into() },
+            ),
+        ] {
+            exact(wire, msg.clone());
+            // What the init writes (a fixed buffer) is what serde makes of the line.
+            assert_eq!(msg.encode(), format!("{wire}\n").into_bytes());
+        }
+        let f = Failure { step: "exec", error: "a\nb\t\"c\"".into() };
+        let mut written = vec![];
+        f.write(&mut written).unwrap();
+        assert_eq!(written, b"{\"failed\":{\"step\":\"exec\",\"error\":\"a\\nb\\t\\\"c\\\"\"}}\n");
+        assert_eq!(written, f.line().encode());
+        assert_eq!(parse::<InitLine>(&written[..written.len() - 1]).unwrap(), f.line());
+        assert_eq!(InitLine::Ended(Exit::Exited(3)).into_event(), Event::Ended { exit: Exit::Exited(3) });
         assert_eq!(
-            InitLine::parse("F lost").unwrap(),
-            InitLine::Failed { step: "sandbox".into(), error: "lost".into() }
+            InitLine::Failed { step: "s".into(), error: "e".into() }.into_event(),
+            Event::SetupFailed { step: "s".into(), error: "e".into() }
         );
-        assert_eq!(InitLine::parse("X 3").unwrap().into_event(), Event::Exited { code: 3 });
-        for bad in ["", "X nope", "S", "Q 1", "é"] {
-            assert!(InitLine::parse(bad).unwrap_err().is_violation(), "{bad:?}");
+        for bad in [
+            &b""[..],
+            b"X 3",
+            b"W careful",
+            br#"{"ended":{"exited":3},"warning":"x"}"#,
+            br#"{"failed":{"step":"s"}}"#,
+            br#"{"failed":{"step":"s","error":"e","x":1}}"#,
+            br#"{"ended":3}"#,
+            br#"{"warning":null}"#,
+            b"\xff",
+        ] {
+            assert!(parse::<InitLine>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn a_long_init_line_is_cut_to_fit_its_buffer_on_a_character_boundary() {
+        // The worst case: every byte escaped to 6.
+        for text in ["\u{1}".repeat(10_000), "é".repeat(10_000), "\"".repeat(10_000), "x".repeat(10_000)] {
+            for msg in [InitLine::Warning(text.clone()), InitLine::Failed { step: text.clone(), error: text.clone() }] {
+                let line = msg.encode();
+                assert!(line.len() <= INIT_LINE_MAX && line.len() > INIT_LINE_MAX / 2, "{}", line.len());
+                assert_eq!(line.last(), Some(&b'\n'));
+                match parse::<InitLine>(&line[..line.len() - 1]).unwrap() {
+                    InitLine::Warning(m) => assert!(text.starts_with(&m) && !m.is_empty()),
+                    InitLine::Failed { step, error } => {
+                        assert!(text.starts_with(&step) && text.starts_with(&error) && !error.is_empty());
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert_eq!(fit("aé", 2), "a");
+        assert_eq!(fit("aé", 3), "aé");
+        assert_eq!(fit("\n\n", 11), "\n");
     }
 
     #[test]
@@ -477,13 +681,17 @@ mod tests {
         exact(r#"{"exit_code":0}"#, RunClaim::ExitCode(0));
         let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true };
         assert_eq!(encode(&code).unwrap(), b"{\"code\":\"print(1)\\n\",\"run_id\":\"r1\",\"autosave\":true}\n");
-        exact(r#"{"exit_code":-1}"#, Report::ExitCode(-1));
-        exact(r#"{"signal":9}"#, Report::Signal(9));
+        exact(r#"{"ended":{"exited":-1}}"#, Report::Ended(Exit::Exited(-1)));
+        exact(r#"{"ended":{"signaled":9}}"#, Report::Ended(Exit::Signaled(9)));
+        for bad in [&br#"{"exit_code":0}"#[..], br#"{"signal":9}"#, br#"{"ended":{"exited":0},"failed":{}}"#] {
+            assert!(parse::<Report>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
+        }
         exact(r#"{"failed":{"step":"s","error":"e"}}"#, Report::Failed { step: "s".into(), error: "e".into() });
         // What the user's code could write instead is none of the claims.
         for bad in [
             &br#"{"failed":{"step":"x","error":"evil"}}"#[..],
             br#"{"signal":9}"#,
+            br#"{"ended":{"exited":0}}"#,
             br#"{"exit_code":256}"#,
             br#"{"exit_code":-1}"#,
             br#"{"exit_code":0,"signal":9}"#,
@@ -521,9 +729,9 @@ mod tests {
         let (a, b) = tokio::net::UnixStream::pair().unwrap();
         let (mut a, mut b) = (Channel::new(a, 64), Channel::new(b, 64));
         a.send(&Event::Attached).await.unwrap();
-        a.send(&Event::Exited { code: 2 }).await.unwrap();
+        a.send(&Event::Ended { exit: Exit::Exited(2) }).await.unwrap();
         assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Attached));
-        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Exited { code: 2 }));
+        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Ended { exit: Exit::Exited(2) }));
         // An unknown tag: a typed error, and the channel is out of step from then on.
         use tokio::io::AsyncWriteExt;
         a.get_mut().write_all(b"{\"event\":\"evil\"}\n").await.unwrap();

@@ -11,7 +11,7 @@ use super::message::{
     Attach, Event, ForkFds, ForkMessage, ForkReply, ForkRequest, HelperRequest, Report, RunCode, TemplateMessage,
 };
 use super::output::Chunk;
-use super::process::{children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pair};
+use super::process::{self, children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pair};
 use super::sandboxes::Sandboxes;
 use super::slot;
 use super::spec::{ChildSpec, SandboxSpec};
@@ -179,8 +179,8 @@ impl PooledTemplate {
         if let Some(pid) = self.python_pid {
             return Ok(pid);
         }
-        let init = self.sandbox.init_pid.ok_or(Error::NoStatus)?;
-        let pid = children(init).first().copied().ok_or(Error::NoStatus)?;
+        let init = self.sandbox.init_pid.ok_or(Error::NoInit)?;
+        let pid = children(init).first().copied().ok_or(Error::NoInterpreter)?;
         self.python_pid = Some(pid);
         Ok(pid)
     }
@@ -259,11 +259,12 @@ impl PooledTemplate {
                 .into_iter()
                 .find(|p| !children(*p).is_empty())
                 .ok_or_else(|| fork_failed("the fork is not there"))?;
-            let init_pid = children(outer_pid).first().copied().ok_or(Error::NoStatus)?;
+            let init_pid = children(outer_pid).first().copied().ok_or_else(|| fork_failed("the fork has no init"))?;
             let init_pidfd = pidfd_open(init_pid).map_err(Error::Control)?;
             // The run's process is waiting (for its filesystems, then its code), so its
             // init (which waits for it) is still the process behind `init_pid`.
-            let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
+            let program_pid =
+                children(init_pid).first().copied().ok_or_else(|| fork_failed("the fork's init has no run process"))?;
             self.ask_helper(&HelperRequest::Furnish { pid: outer_pid }, &Event::Furnished).await?;
             program.send(&ForkReply::Furnished(true)).await?;
             fork_says(&mut program, &mut report, ForkMessage::Entered(true)).await?;
@@ -288,7 +289,7 @@ impl PooledTemplate {
 
     /// Send the sandbox's helper `req` and wait for its answer, `done`.
     async fn ask_helper(&mut self, req: &HelperRequest, done: &Event) -> Result<(), Error> {
-        let control = self.sandbox.control.as_mut().ok_or(Error::NoStatus)?;
+        let control = self.sandbox.control.as_mut().ok_or(Error::NoHelper)?;
         control.send(req).await?;
         loop {
             match self.sandbox.next_event().await? {
@@ -322,7 +323,7 @@ impl PooledTemplate {
         };
         let started = Instant::now();
         let ended: Done<'_> = Box::pin(async { Some(run_ended(&mut program, &mut report, &bounds.id).await) });
-        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended)).await;
+        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended), process::signal).await;
         // Tearing the fork down (three processes unmapping a copy of the template's
         // memory) waits behind the answer to the run.
         let _ = self.slot.cg.set_idle(true);
@@ -374,7 +375,7 @@ impl PooledTemplate {
             }
             other => {
                 self.destroy().await;
-                Err(other.err().unwrap_or(Error::NoStatus))
+                Err(other.err().unwrap_or(Error::SlotGone))
             }
         }
     }
