@@ -28,8 +28,8 @@
 //! failed to build.
 //!
 //! How the run ended is the report of the fork's outer process, on the report
-//! channel that no process of the run holds (`{"exit_code"}`, `{"signal"}` or, before
-//! the code, `{"failed"}`). The run's claim of its exit code is taken when it comes
+//! channel that no process of the run holds (`{"ended": {"exited": N}}`,
+//! `{"ended": {"signaled": N}}` or, before the code, `{"failed"}`). The run's claim of its exit code is taken when it comes
 //! first: it can only say what the run could have chosen anyway by exiting with
 //! that code at that moment. It keeps the program's exit (unmapping its copy of the
 //! template) and the fork's teardown off the critical path: measured on 2 busy cores,
@@ -135,6 +135,34 @@ impl State {
             if let Some(i) = runs.iter().position(|t| *t == at) {
                 runs.swap_remove(i);
             }
+        }
+    }
+
+    /// A template of `policy` is taken for a run that starts `now`.
+    fn taken(&mut self, policy: &str, now: tokio::time::Instant) {
+        self.hits += 1;
+        *self.busy.entry(policy.into()).or_default() += 1;
+        self.running.entry(policy.into()).or_default().push(now);
+    }
+
+    /// Should one of `policy`'s templates be back soon: its run is over (it is
+    /// being recycled), or started less than [`SHORT_RUN`] before `now`.
+    fn back_soon(&self, policy: &str, now: tokio::time::Instant) -> bool {
+        self.recycling.get(policy).is_some_and(|n| *n > 0)
+            || self.running.get(policy).is_some_and(|r| r.iter().any(|t| now.duration_since(*t) < SHORT_RUN))
+    }
+
+    /// A template of `policy` is back from its run (`recycled`: after the run
+    /// began; then it was counted as recycling).
+    fn returned(&mut self, policy: &str, recycled: bool) {
+        let decrement = |counts: &mut HashMap<String, usize>| {
+            if let Some(n) = counts.get_mut(policy) {
+                *n = n.saturating_sub(1);
+            }
+        };
+        decrement(&mut self.busy);
+        if recycled {
+            decrement(&mut self.recycling);
         }
     }
 }
@@ -245,15 +273,12 @@ impl Pool {
             }
             st.failures += dead.len() as u64;
             if taken.is_some() {
-                st.hits += 1;
-                *st.busy.entry(policy.into()).or_default() += 1;
-                st.running.entry(policy.into()).or_default().push(now);
+                st.taken(policy, now);
             }
             if !st.wanted.iter().any(|w| w == policy) && self.policies.contains_key(policy) {
                 st.wanted.push(policy.into());
             }
-            let soon = st.recycling.get(policy).is_some_and(|n| *n > 0)
-                || st.running.get(policy).is_some_and(|r| r.iter().any(|t| now.duration_since(*t) < SHORT_RUN));
+            let soon = st.back_soon(policy, now);
             (taken.map(|t| (t, now)), soon)
         };
         for t in dead {
@@ -353,15 +378,7 @@ impl Pool {
     fn give_back(&self, policy: &str, template: Option<PooledTemplate>, recycled: bool) {
         {
             let mut st = self.lock();
-            let decrement = |counts: &mut HashMap<String, usize>| {
-                if let Some(n) = counts.get_mut(policy) {
-                    *n = n.saturating_sub(1);
-                }
-            };
-            decrement(&mut st.busy);
-            if recycled {
-                decrement(&mut st.recycling);
-            }
+            st.returned(policy, recycled);
             match template {
                 Some(t) if !st.stopped => st.ready.entry(policy.into()).or_default().push_back(t),
                 // The daemon is stopping: its shutdown waits for these and destroys
@@ -533,6 +550,38 @@ pub struct Job<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A template taken counts as busy and running; once its run is over it is
+    /// recycling, back soon, and given back it is neither.
+    #[test]
+    fn a_templates_run_is_counted_from_take_to_give_back() {
+        let mut st = State::default();
+        let t0 = tokio::time::Instant::now();
+        assert!(!st.back_soon("p", t0));
+        st.taken("p", t0);
+        assert_eq!((st.hits, st.busy["p"], st.running["p"].len()), (1, 1, 1));
+        // A run younger than SHORT_RUN may be back soon; an older one is not waited for.
+        assert!(st.back_soon("p", t0 + SHORT_RUN / 2));
+        assert!(!st.back_soon("p", t0 + SHORT_RUN * 2));
+        assert!(!st.back_soon("q", t0));
+        // The run is over: its template is recycled, back within moments.
+        *st.recycling.entry("p".into()).or_default() += 1;
+        st.stop_running("p", t0);
+        assert!(st.running["p"].is_empty());
+        assert!(st.back_soon("p", t0 + SHORT_RUN * 2));
+        st.returned("p", true);
+        assert_eq!((st.busy["p"], st.recycling["p"]), (0, 0));
+        assert!(!st.back_soon("p", t0));
+        // A template that failed before its run is not counted as recycling; nothing
+        // goes below zero, and another run's start is not taken for this one's.
+        st.taken("p", t0);
+        st.stop_running("p", t0 + SHORT_RUN);
+        assert_eq!(st.running["p"].len(), 1);
+        st.stop_running("p", t0);
+        st.returned("p", false);
+        st.returned("p", true);
+        assert_eq!((st.busy["p"], st.recycling["p"], st.hits), (0, 0, 2));
+    }
 
     /// What `GET /v1/health` shows for each (its words are the operator's clue).
     #[test]

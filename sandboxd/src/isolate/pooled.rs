@@ -409,3 +409,87 @@ impl PooledTemplate {
         sandboxes.release(slot).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A fork's two channels as the daemon holds them, and their other ends: the
+    /// run's socket and the report pipe's write end.
+    fn fork_channels() -> (
+        Channel<tokio::net::UnixStream>,
+        Channel<tokio::net::unix::pipe::Receiver>,
+        std::os::unix::net::UnixStream,
+        std::fs::File,
+    ) {
+        let (ours, theirs) = socket_pair().unwrap();
+        let (r, w) = pipe().unwrap();
+        let report = tokio::net::unix::pipe::Receiver::from_owned_fd(r).unwrap();
+        (Channel::new(ours, RUN_LINE), Channel::new(report, TEMPLATE_LINE), theirs, std::fs::File::from(w))
+    }
+
+    async fn says(lines: &[&[u8]], report: Option<&Report>, close: bool) -> Result<(), Error> {
+        let (mut program, mut reports, mut socket, mut pipe) = fork_channels();
+        for l in lines {
+            socket.write_all(l).unwrap();
+        }
+        if let Some(r) = report {
+            channel::write_line(&mut pipe, r).unwrap();
+        }
+        if close {
+            drop((socket, pipe));
+            return fork_says(&mut program, &mut reports, ForkMessage::Furnish(true)).await;
+        }
+        let said = fork_says(&mut program, &mut reports, ForkMessage::Furnish(true)).await;
+        drop((socket, pipe));
+        said
+    }
+
+    #[tokio::test]
+    async fn a_fork_says_each_message_in_turn_or_why_it_ended() {
+        assert!(says(&[b"{\"furnish\":true}\n"], None, false).await.is_ok());
+        // Out of turn, or not a fork's message at all.
+        for bad in [&b"{\"entered\":true}\n"[..], b"{\"furnish\":false}\n", b"{\"exit_code\":0}\n", b"nope\n"] {
+            let e = says(&[bad], None, false).await.unwrap_err();
+            assert_eq!(e.to_string(), "setting up the sandbox failed at fork: the template's fork broke the protocol");
+        }
+        // It ended: its report says why, when it says.
+        let failed = Report::Failed { step: "landlock".into(), error: "EPERM".into() };
+        let e = says(&[], Some(&failed), true).await.unwrap_err();
+        assert_eq!(e.to_string(), "setting up the sandbox failed at landlock: EPERM");
+        let e = says(&[], None, true).await.unwrap_err();
+        assert_eq!(e.to_string(), "setting up the sandbox failed at fork: the template's fork ended");
+        // A report of an end before the run had code is no failure of a step.
+        let e = says(&[], Some(&Report::Ended(super::super::message::Exit::KILLED)), false).await.unwrap_err();
+        assert_eq!(e.to_string(), "setting up the sandbox failed at fork: the template's fork ended");
+    }
+
+    #[tokio::test]
+    async fn a_run_ends_with_its_claim_or_its_outer_process_report() {
+        use super::super::message::Exit;
+        async fn ended(claim: &[u8], report: Option<&Report>) -> Exit {
+            let (mut program, mut reports, mut socket, mut pipe) = fork_channels();
+            socket.write_all(claim).unwrap();
+            if let Some(r) = report {
+                channel::write_line(&mut pipe, r).unwrap();
+            }
+            drop(pipe);
+            run_ended(&mut program, &mut reports, "r").await
+        }
+        // The run's claim of its exit code, when it comes first (its outer process
+        // still waits).
+        let (mut program, mut reports, mut socket, _pipe) = fork_channels();
+        socket.write_all(b"{\"exit_code\":3}\n").unwrap();
+        assert_eq!(run_ended(&mut program, &mut reports, "r").await, Exit::Exited(3));
+        // Anything else on its socket is no claim: the report says.
+        let segv = Report::Ended(Exit::Signaled(libc::SIGSEGV));
+        assert_eq!(ended(b"{\"signal\":9}\n", Some(&segv)).await, Exit::Signaled(libc::SIGSEGV));
+        assert_eq!(ended(b"{\"exit_code\":-1}\n", Some(&segv)).await, Exit::Signaled(libc::SIGSEGV));
+        assert_eq!(ended(b"", Some(&Report::Ended(Exit::Exited(0)))).await, Exit::Exited(0));
+        // A failure once the run has its code, or no report at all: killed.
+        let failed = Report::Failed { step: "x".into(), error: "y".into() };
+        assert_eq!(ended(b"", Some(&failed)).await, Exit::KILLED);
+        assert_eq!(ended(b"", None).await, Exit::KILLED);
+    }
+}
