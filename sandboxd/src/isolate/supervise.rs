@@ -43,8 +43,6 @@ pub enum Error {
     HelperProtocol(channel::Error),
     #[error("the sandbox helper said \"{0}\" where it was to say {1}")]
     Unexpected(&'static str, &'static str),
-    #[error("the sandbox ended without saying how its program ended")]
-    NoStatus,
     #[error("the template's sandbox has no init")]
     NoInit,
     #[error("the template's init has no interpreter: it ended")]
