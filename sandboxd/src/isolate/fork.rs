@@ -148,7 +148,8 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
             let mut lines = std::io::BufReader::new(File::from(report_r));
             let reported = match init::read_report(&mut lines, |_| {}) {
                 Ok(line) => line.map(final_report),
-                // An init that breaks its report's bound is out of step: the run ends.
+                // An init whose report breaks its bound or its form is out of step:
+                // the run ends.
                 Err(e) => {
                     let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
                     Some(Report::Failed { step: "read the init's report".into(), error: e.to_string() })
