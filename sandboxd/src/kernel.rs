@@ -36,9 +36,10 @@ mod cutoff;
 pub use cutoff::Cutoff;
 
 use crate::isolate::channel::{self, Channel};
+use crate::isolate::drive::{Drive, Step as DriveStep, Target};
 use crate::isolate::message::{kernel_source, KernelCell};
 pub use crate::isolate::message::{Exception, KernelMessage, Rich, Stream};
-use crate::isolate::output::{Chunk, StreamKind};
+use crate::isolate::output::Chunk;
 use crate::isolate::{self, Outcome, Sandboxes};
 use crate::model::policy::Policy;
 use crate::model::run::RunUsage;
@@ -165,12 +166,12 @@ impl Cell {
                 Ok(Step::Nothing)
             }
             KernelMessage::Chunk { stream, text, .. } => {
-                let (kept, kind) = match stream {
-                    Stream::Stdout => (&mut self.stdout, StreamKind::Stdout),
-                    Stream::Stderr => (&mut self.stderr, StreamKind::Stderr),
+                let kept = match stream {
+                    Stream::Stdout => &mut self.stdout,
+                    Stream::Stderr => &mut self.stderr,
                 };
                 Ok(match kept.push(text, self.limit) {
-                    Some(text) => Step::Output(Chunk { stream: kind, text }),
+                    Some(text) => Step::Output(Chunk { stream, text }),
                     None => Step::Nothing,
                 })
             }
@@ -282,7 +283,7 @@ impl Kernel {
         let outcome = tokio::select! {
             r = tokio::time::timeout(Duration::from_secs(60), ready) => r.map_err(|_| "it was not ready within 60 s".to_string()).and_then(|r| r),
             ended = &mut task => Err(match ended {
-                Ok(Ok(o)) => format!("it exited at once (exit code {:?}, signal {:?}): {}", o.exit_code, o.signal, o.stderr.text()),
+                Ok(Ok(o)) => format!("it exited at once (exit code {:?}, signal {:?}): {}", o.exit.code(), o.exit.signal(), o.stderr.text()),
                 Ok(Err(e)) => e.to_string(),
                 Err(e) => e.to_string(),
             }),
@@ -324,12 +325,15 @@ impl Kernel {
             });
             queue
         });
-        let deadline = tokio::time::sleep(timeout);
-        tokio::pin!(deadline);
-        // The cell goes out under the same deadline and stop as its answer: a kernel
+        // The cell's time limit: at it, SIGINT to the sandbox (the init forwards it),
+        // which interrupts the cell and keeps the kernel; after the grace, killed.
+        let mut drive = Drive::new(crate::isolate::process::signal, timeout, grace, nix::sys::signal::SIGINT);
+        // The cell goes out under the same limit and stop as its answer: a kernel
         // that stopped reading (user code can make it) leaves the line in a full
         // socket buffer, and the write must not outlast the cell's time limit, a
-        // cancel, the session's close or the daemon's shutdown.
+        // cancel, the session's close or the daemon's shutdown. Until the kernel has
+        // its cell there is nothing to interrupt: the drive has no init to ask, and
+        // its limit ends the kernel at once.
         let sent = KernelCell {
             code: &cell.code,
             run_id: &cell.run_id,
@@ -339,7 +343,7 @@ impl Kernel {
         };
         let written = tokio::select! {
             r = self.channel.send(&sent) => if r.is_ok() { Written::Yes } else { Written::Failed },
-            _ = &mut deadline => Written::TimedOut,
+            _ = drive.tick() => Written::TimedOut,
             _ = stop.changed() => Written::Stopped,
         };
         match written {
@@ -349,8 +353,9 @@ impl Kernel {
             Written::TimedOut => return self.died(state, Cutoff::TimedOut, baseline).await,
             Written::Stopped => return self.died(state, Cutoff::Stopped, baseline).await,
         }
-        let mut interrupted = false;
+        drive.retarget(Target { init: Some(self.init_pid), helper: None });
         loop {
+            let interrupted = drive.timed_out();
             tokio::select! {
                 line = self.channel.recv::<KernelMessage>() => {
                     let step = match line {
@@ -377,14 +382,10 @@ impl Kernel {
                         }
                     }
                 }
-                _ = &mut deadline => {
-                    if interrupted {
-                        return self.died(state, Cutoff::TimedOut, baseline).await;
-                    }
-                    interrupted = true;
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::SIGINT);
-                    deadline.as_mut().reset(tokio::time::Instant::now() + grace);
-                }
+                step = drive.tick() => match step {
+                    DriveStep::Asked => {}
+                    DriveStep::Killed => return self.died(state, Cutoff::TimedOut, baseline).await,
+                },
                 _ = stop.changed() => return self.died(state, Cutoff::Stopped, baseline).await,
             }
         }
@@ -528,7 +529,7 @@ mod tests {
         assert_eq!(cell.take(reply("before")), Ok(Step::Nothing));
         assert_eq!(
             cell.take(chunk("now", Stream::Stdout, "mine")),
-            Ok(Step::Output(Chunk { stream: StreamKind::Stdout, text: "mine".into() }))
+            Ok(Step::Output(Chunk { stream: Stream::Stdout, text: "mine".into() }))
         );
         match cell.take(reply("now")) {
             Ok(Step::Reply(r)) => assert_eq!((r.stdout.as_str(), r.stdout_truncated), ("mine", false)),
@@ -545,7 +546,7 @@ mod tests {
         let big = "x".repeat(3 << 20);
         assert_eq!(
             cell.take(chunk("n", Stream::Stdout, &big)),
-            Ok(Step::Output(Chunk { stream: StreamKind::Stdout, text: "xx".into() }))
+            Ok(Step::Output(Chunk { stream: Stream::Stdout, text: "xx".into() }))
         );
         assert_eq!(cell.take(chunk("n", Stream::Stdout, "more")), Ok(Step::Nothing));
         // Multi-byte characters are not split; stderr has its own budget.

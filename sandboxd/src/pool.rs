@@ -28,8 +28,8 @@
 //! failed to build.
 //!
 //! How the run ended is the report of the fork's outer process, on the report
-//! channel that no process of the run holds (`{"exit_code"}`, `{"signal"}` or, before
-//! the code, `{"failed"}`). The run's claim of its exit code is taken when it comes
+//! channel that no process of the run holds (`{"ended": {"exited": N}}`,
+//! `{"ended": {"signaled": N}}` or, before the code, `{"failed"}`). The run's claim of its exit code is taken when it comes
 //! first: it can only say what the run could have chosen anyway by exiting with
 //! that code at that moment. It keeps the program's exit (unmapping its copy of the
 //! template) and the fork's teardown off the critical path: measured on 2 busy cores,
@@ -113,6 +113,34 @@ impl State {
             if let Some(i) = runs.iter().position(|t| *t == at) {
                 runs.swap_remove(i);
             }
+        }
+    }
+
+    /// A template of `policy` is taken for a run that starts `now`.
+    fn taken(&mut self, policy: &str, now: tokio::time::Instant) {
+        self.hits += 1;
+        *self.busy.entry(policy.into()).or_default() += 1;
+        self.running.entry(policy.into()).or_default().push(now);
+    }
+
+    /// Should one of `policy`'s templates be back soon: its run is over (it is
+    /// being recycled), or started less than [`SHORT_RUN`] before `now`.
+    fn back_soon(&self, policy: &str, now: tokio::time::Instant) -> bool {
+        self.recycling.get(policy).is_some_and(|n| *n > 0)
+            || self.running.get(policy).is_some_and(|r| r.iter().any(|t| now.duration_since(*t) < SHORT_RUN))
+    }
+
+    /// A template of `policy` is back from its run (`recycled`: after the run
+    /// began; then it was counted as recycling).
+    fn returned(&mut self, policy: &str, recycled: bool) {
+        let decrement = |counts: &mut HashMap<String, usize>| {
+            if let Some(n) = counts.get_mut(policy) {
+                *n = n.saturating_sub(1);
+            }
+        };
+        decrement(&mut self.busy);
+        if recycled {
+            decrement(&mut self.recycling);
         }
     }
 }
@@ -223,15 +251,12 @@ impl Pool {
             }
             st.failures += dead.len() as u64;
             if taken.is_some() {
-                st.hits += 1;
-                *st.busy.entry(policy.into()).or_default() += 1;
-                st.running.entry(policy.into()).or_default().push(now);
+                st.taken(policy, now);
             }
             if !st.wanted.iter().any(|w| w == policy) && self.policies.contains_key(policy) {
                 st.wanted.push(policy.into());
             }
-            let soon = st.recycling.get(policy).is_some_and(|n| *n > 0)
-                || st.running.get(policy).is_some_and(|r| r.iter().any(|t| now.duration_since(*t) < SHORT_RUN));
+            let soon = st.back_soon(policy, now);
             (taken.map(|t| (t, now)), soon)
         };
         for t in dead {
@@ -258,7 +283,7 @@ impl Pool {
         let baseline = template.baseline();
         let attach_began = std::time::Instant::now();
         let started = async {
-            let forked = template.take_prepared().ok_or(isolate::Error::NoStatus)?;
+            let forked = template.take_prepared().ok_or(isolate::Error::NoPreparedFork)?;
             template.attach(&forked, job.workspace, job.owner_uid).await?;
             let code = RunCode { code: job.code, run_id: job.run_id, autosave: job.autosave };
             forked.send_code(&code).await
@@ -291,7 +316,7 @@ impl Pool {
                             Err(isolate::Error::PidsSpent(isolate::PIDS_KEEP))
                         }
                         Some(library) => template.recycle(oom_before, &plan::child_spec(&policy), library).await,
-                        None => Err(isolate::Error::NoStatus),
+                        None => Err(isolate::Error::NoLibrary),
                     };
                     if let Err(e) = &back {
                         tracing::info!(policy = %policy.name, reason = %e, "a pooled template is replaced after its run");
@@ -331,15 +356,7 @@ impl Pool {
     fn give_back(&self, policy: &str, template: Option<PooledTemplate>, recycled: bool) {
         {
             let mut st = self.lock();
-            let decrement = |counts: &mut HashMap<String, usize>| {
-                if let Some(n) = counts.get_mut(policy) {
-                    *n = n.saturating_sub(1);
-                }
-            };
-            decrement(&mut st.busy);
-            if recycled {
-                decrement(&mut st.recycling);
-            }
+            st.returned(policy, recycled);
             match template {
                 Some(t) if !st.stopped => st.ready.entry(policy.into()).or_default().push_back(t),
                 // The daemon is stopping: its shutdown waits for these and destroys
@@ -509,31 +526,4 @@ pub struct Job<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What `GET /v1/health` shows for each (its words are the operator's clue).
-    #[test]
-    fn each_start_error_says_what_went_wrong() {
-        let said = [
-            Error::Start(isolate::Error::NoStatus),
-            Error::ImportsTimedOut(READY_TIMEOUT),
-            Error::Protocol(isolate::channel::Error::TooLong(65536)),
-            Error::EndedBeforeReady,
-            Error::NoLibrary,
-            Error::FirstFork(isolate::Error::Setup { step: "fork".into(), error: "EAGAIN".into() }),
-        ]
-        .map(|e| e.to_string());
-        assert_eq!(
-            said,
-            [
-                "the sandbox helper ended without reporting the program's status",
-                "its imports took longer than 300 s",
-                "it broke the protocol: a line longer than 65536 bytes",
-                "the interpreter ended before it was ready",
-                "no pool library",
-                "its first fork failed: setting up the sandbox failed at fork: EAGAIN",
-            ]
-        );
-    }
-}
+mod tests;

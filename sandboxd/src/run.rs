@@ -3,7 +3,7 @@
 //! ([`crate::isolate`]), find the artifacts and shape the result.
 
 use crate::artifacts::{self, Snapshot};
-use crate::isolate::message::{Exception, Rich};
+use crate::isolate::message::{Exception, Exit, Rich};
 use crate::isolate::{self, output::Chunk};
 use crate::kernel;
 use crate::metrics;
@@ -189,18 +189,18 @@ pub async fn execute(
 
     let status = Ending {
         timed_out: outcome.timed_out,
-        oom_killed: outcome.oom_killed && outcome.exit_code != Some(0),
+        oom_killed: outcome.oom_killed && outcome.exit != Exit::Exited(0),
         violation: false,
-        killed: outcome.cancelled || outcome.signal.is_some(),
-        succeeded: outcome.exit_code == Some(0),
+        killed: outcome.cancelled || outcome.exit.signal().is_some(),
+        succeeded: outcome.exit == Exit::Exited(0),
     }
     .status();
     let result = RunResult {
         run_id: run_id.clone(),
         session_id: lease.public_id.clone(),
         status,
-        exit_code: outcome.exit_code,
-        signal: outcome.signal.map(signal_name),
+        exit_code: outcome.exit.code(),
+        signal: outcome.exit.signal().map(signal_name),
         stdout: outcome.stdout.text(),
         stderr: outcome.stderr.text(),
         stdout_truncated: outcome.stdout.truncated,
@@ -366,8 +366,8 @@ async fn execute_cell(
             result.usage = usage;
             let death = Death::of(&cut, outcome.as_ref());
             result.status = death.status;
-            result.exit_code = death.exit_code;
-            result.signal = death.signal.map(signal_name);
+            result.exit_code = death.exit.code();
+            result.signal = death.exit.signal().map(signal_name);
             let why = death.why;
             result.stdout = stdout.text;
             result.stdout_truncated = stdout.truncated;

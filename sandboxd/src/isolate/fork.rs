@@ -33,19 +33,19 @@
 //! code, serves the next one. The workspace is mounted into the run's mount
 //! namespace by the sandbox's helper, from outside ([`super::helper`]).
 //!
-//! Nothing here allocates after the first fork beyond what the cold init does; the
+//! Nothing here allocates after the first fork beyond what the cold init does
+//! (its report lines go through a fixed buffer, [`InitLine::write`]); the
 //! template's Python is single-threaded in the fork (threads do not survive it).
 
 use super::channel;
 use super::init::{self, Role};
-use super::message::{Failure, ForkMessage, ForkReply, InitLine, Report};
+use super::message::{Exit, Failure, ForkMessage, ForkReply, InitLine, Report};
 use super::mounts::{self, MountOp};
 use super::namespaces;
 use super::spec::{ChildSpec, SANDBOX_GID, SANDBOX_UID};
 use nix::sys::signal::Signal;
 use nix::unistd::{fork, ForkResult};
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
@@ -147,8 +147,9 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
             // warnings have nowhere to go: a [`Report`] carries none.
             let mut lines = std::io::BufReader::new(File::from(report_r));
             let reported = match init::read_report(&mut lines, |_| {}) {
-                Ok(line) => line.and_then(final_report),
-                // An init that breaks its report's bound is out of step: the run ends.
+                Ok(line) => line.map(final_report),
+                // An init whose report breaks its bound or its form is out of step:
+                // the run ends.
                 Err(e) => {
                     let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
                     Some(Report::Failed { step: "read the init's report".into(), error: e.to_string() })
@@ -170,21 +171,22 @@ fn enter(spec: &ChildSpec, socket: RawFd, report: RawFd) -> Result<(), Failure> 
     }
 }
 
-/// How the run ended when the init did not say: from the init's own status.
+/// How the run ended when the init did not say: killed, by the signal that killed
+/// the init (SIGKILL when it exited, or cannot be waited for).
 fn final_message(status: nix::Result<nix::sys::wait::WaitStatus>) -> Report {
-    match status {
-        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => Report::Signal(sig as i32),
-        _ => Report::Signal(libc::SIGKILL),
+    match status.ok().and_then(Exit::of) {
+        Some(killed @ Exit::Signaled(_)) => Report::Ended(killed),
+        _ => Report::Ended(Exit::KILLED),
     }
 }
 
-/// How the run ended, as the init's final line says ([`init::read_report`]).
-fn final_report(line: InitLine) -> Option<Report> {
+/// How the run ended, as the init's final line says ([`init::read_report`], which
+/// hands warnings to its callback, never as its answer).
+fn final_report(line: InitLine) -> Report {
     match line {
-        InitLine::Exited(code) => Some(Report::ExitCode(code)),
-        InitLine::Signaled(signal) => Some(Report::Signal(signal)),
-        InitLine::Failed { step, error } => Some(Report::Failed { step, error }),
-        InitLine::Warning(_) => None,
+        InitLine::Ended(exit) => Report::Ended(exit),
+        InitLine::Failed { step, error } => Report::Failed { step, error },
+        InitLine::Warning(message) => Report::Failed { step: "read the init's report".into(), error: message },
     }
 }
 
@@ -211,12 +213,12 @@ fn run_init(spec: &ChildSpec, socket: RawFd, report: OwnedFd, alive: OwnedFd) ->
             Ok(())
         }
         Ok(Role::Init(line)) => {
-            let _ = report.write_all(line.as_bytes());
+            let _ = line.write(&mut report);
             // SAFETY: the init leaves without destructors (a copy of Python's state).
             unsafe { libc::_exit(0) }
         }
         Err(f) => {
-            let _ = report.write_all(init::failure_line(&f).as_bytes());
+            let _ = f.write(&mut report);
             // SAFETY: as above.
             unsafe { libc::_exit(0) }
         }
@@ -313,23 +315,28 @@ mod tests {
     fn the_final_message_says_how_the_run_ended() {
         use nix::sys::wait::WaitStatus;
         let pid = nix::unistd::Pid::from_raw(2);
-        fn report(mut text: &[u8]) -> Option<Report> {
-            init::read_report(&mut text, |_| {}).unwrap().and_then(final_report)
+        fn report(lines: &[InitLine], cut: usize) -> Option<Report> {
+            let text: Vec<u8> = lines.iter().flat_map(InitLine::encode).collect();
+            init::read_report(&mut &text[..text.len() - cut], |_| {}).unwrap().map(final_report)
         }
-        assert_eq!(report(b"W x\nX 3\n"), Some(Report::ExitCode(3)));
-        assert_eq!(report(b"S 9\n"), Some(Report::Signal(9)));
+        let careful = || InitLine::Warning("careful".into());
+        let ended = |exit| InitLine::Ended(exit);
+        assert_eq!(report(&[careful(), ended(Exit::Exited(3))], 0), Some(Report::Ended(Exit::Exited(3))));
+        assert_eq!(report(&[ended(Exit::Signaled(9))], 0), Some(Report::Ended(Exit::Signaled(9))));
         assert_eq!(
-            report(b"F landlock\tnope\n"),
+            report(&[InitLine::Failed { step: "landlock".into(), error: "nope".into() }], 0),
             Some(Report::Failed { step: "landlock".into(), error: "nope".into() })
         );
         // Reported as soon as a final line is complete; a warning is not one.
-        assert_eq!(report(b"W careful\n"), None);
-        assert_eq!(report(b"W careful\nX 0"), None);
-        assert_eq!(report(b"W careful\nX 0\n"), Some(Report::ExitCode(0)));
+        assert_eq!(report(&[careful()], 0), None);
+        assert_eq!(report(&[careful(), ended(Exit::Exited(0))], 1), None);
+        assert_eq!(report(&[careful(), ended(Exit::Exited(0))], 0), Some(Report::Ended(Exit::Exited(0))));
         // Without one, the init's own status says.
-        assert_eq!(final_message(Ok(WaitStatus::Signaled(pid, Signal::SIGKILL, false))), Report::Signal(9));
-        assert_eq!(final_message(Ok(WaitStatus::Signaled(pid, Signal::SIGSEGV, false))), Report::Signal(11));
-        assert_eq!(final_message(Ok(WaitStatus::Exited(pid, 0))), Report::Signal(9));
+        let killed = |s| final_message(Ok(WaitStatus::Signaled(pid, s, false)));
+        assert_eq!(killed(Signal::SIGKILL), Report::Ended(Exit::Signaled(9)));
+        assert_eq!(killed(Signal::SIGSEGV), Report::Ended(Exit::Signaled(11)));
+        assert_eq!(final_message(Ok(WaitStatus::Exited(pid, 0))), Report::Ended(Exit::KILLED));
+        assert_eq!(final_message(Err(nix::Error::ECHILD)), Report::Ended(Exit::KILLED));
     }
 
     #[test]

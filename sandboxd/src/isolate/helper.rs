@@ -11,8 +11,8 @@
 use super::attach;
 use super::channel;
 use super::init;
-use super::message::{Attach, Event, Failure, HelperRequest, InitLine};
-use super::namespaces::{self, Forked};
+use super::message::{Attach, Event, Exit, Failure, HelperRequest, InitLine};
+use super::namespaces::{self, Cloned};
 use super::spec::{SandboxSpec, MAX_SPEC_LINE};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
@@ -67,12 +67,12 @@ fn run(socket: UnixStream, stdin: Option<OwnedFd>, control: &mut Control) -> Res
     let owner = namespaces::Owner { uid: spec.host_uid, gid: spec.host_gid };
     // SAFETY: the helper is single-threaded: it never starts a thread.
     match unsafe { namespaces::clone_into_namespaces(owner) }.map_err(Failure::at("clone namespaces"))? {
-        Forked::Child => {
+        Cloned::Child => {
             drop(go_w);
             drop(report_r);
             init::run(&spec, go_r, report_w, stdin)
         }
-        Forked::Parent(child) => {
+        Cloned::Parent(child) => {
             drop(stdin);
             drop(go_r);
             drop(report_w);
@@ -135,16 +135,18 @@ fn supervise(
         return Ok(());
     }
     let status = waitpid(child, None).map_err(Failure::at("wait for init"))?;
-    let event = match (last, status) {
-        (Some(e), _) => e,
-        (None, WaitStatus::Signaled(_, sig, _)) => Event::InitKilled { signal: sig as i32 },
-        (None, other) => {
-            Event::SetupFailed { step: "init".into(), error: format!("init ended without a status: {other:?}") }
-        }
-    };
-    control.send(&event);
+    control.send(&init_ended(status));
     drop(go);
     Ok(())
+}
+
+/// What the helper says when the init ended without reporting how the program
+/// ended: the signal that killed the init, or that it ended without a status.
+fn init_ended(status: WaitStatus) -> Event {
+    match Exit::of(status) {
+        Some(Exit::Signaled(signal)) => Event::InitKilled { signal },
+        _ => Event::SetupFailed { step: "init".into(), error: format!("init ended without a status: {status:?}") },
+    }
 }
 
 /// Serve the daemon's [`HelperRequest`]s, one at a time, until the init ends (its
@@ -232,4 +234,18 @@ fn attach(sandbox_ns: &File, req: &Attach, userns: &OwnedFd) -> Result<(), Failu
     let target = run_ns.as_ref().unwrap_or(sandbox_ns);
     attach::workspace(&req.workspace, userns.as_fd(), target.as_fd(), host_ns.as_fd())
         .map_err(Failure::at("attach workspace"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_init_that_ended_without_a_report_is_said_to_be_killed_or_to_have_failed() {
+        let pid = Pid::from_raw(2);
+        assert_eq!(init_ended(WaitStatus::Signaled(pid, Signal::SIGKILL, false)), Event::InitKilled { signal: 9 });
+        assert_eq!(init_ended(WaitStatus::Signaled(pid, Signal::SIGSEGV, true)), Event::InitKilled { signal: 11 });
+        let Event::SetupFailed { step, error } = init_ended(WaitStatus::Exited(pid, 0)) else { panic!() };
+        assert_eq!((step.as_str(), error.as_str()), ("init", "init ended without a status: Exited(Pid(2), 0)"));
+    }
 }

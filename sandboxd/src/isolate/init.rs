@@ -8,14 +8,21 @@
 //! the program ends reports its status to the helper and exits: the kernel then
 //! kills whatever else is left in the pid namespace.
 //!
-//! Reports travel as lines on a pipe ([`InitLine`]): `W msg` (warning),
-//! `F step\tmsg` (setup failed), `X code` (exited), `S signal` (killed by a signal);
-//! each is read bounded ([`read_report`]), by the helper, a fork's outer process, and
+//! Reports travel as JSON lines on a pipe ([`InitLine`]): a warning, a failed
+//! set-up step, or how the program ended ([`super::message::Exit`]); each is read
+//! bounded and strictly ([`read_report`]), by the helper, a fork's outer process, and
 //! the init itself (the program's set-up report).
+//!
+//! After the init's fork, and in a template's fork, a line is written without
+//! allocating: [`InitLine::write`] encodes it into a fixed buffer on the stack, at
+//! most `PIPE_BUF` bytes, so it reaches its pipe in one atomic write. (Both
+//! processes are single-threaded, so allocating is safe there, and a failure's
+//! text is made when it happens; the program's end is reported with no allocation
+//! at all.)
 
 use super::channel;
-use super::message::{Failure, InitLine};
-use super::mounts::{self, Layout};
+use super::message::{Exit, Failure, InitLine};
+use super::mounts::{self, Filesystem};
 use super::seccomp::{self, Program};
 use super::spec::{Rlimits, SandboxSpec};
 use super::{caps, landlock, namespaces, rlimits};
@@ -27,19 +34,16 @@ use std::fs::File;
 use std::io::{BufRead, Read, Write};
 use std::os::fd::OwnedFd;
 
-pub(super) fn failure_line(f: &Failure) -> String {
-    f.line().encode()
-}
-
-/// Longest line of a report ([`InitLine`]): a warning, or a failure whose step and
-/// error (an OS error, a path) are short.
+/// Longest line of a report ([`InitLine`]) a reader takes: more than a writer
+/// makes ([`super::message::INIT_LINE_MAX`]).
 pub(super) const REPORT_LINE: usize = 16 * 1024;
 
 /// Read a report up to its first line that says how the program ended (or how
-/// setting it up failed), each line at most [`REPORT_LINE`] bytes; `warning` gets
-/// each warning on the way. `None`: the report ended without one. Lines that are
-/// not an [`InitLine`] are skipped, as is a last line cut short by the writer's
-/// end; a line over the bound is an error, and the report is out of step after it.
+/// setting it up failed), each line at most [`REPORT_LINE`] bytes and parsed
+/// strictly; `warning` gets each warning on the way. `None`: the report ended
+/// without one (a last line cut short by the writer's end included). A line over
+/// the bound or one that is not an [`InitLine`] is an error, and the report is out
+/// of step after it.
 pub(super) fn read_report<R: BufRead>(
     report: &mut R,
     mut warning: impl FnMut(String),
@@ -50,10 +54,9 @@ pub(super) fn read_report<R: BufRead>(
             Ok(None) | Err(channel::Error::Truncated) => return Ok(None),
             Err(e) => return Err(e),
         };
-        match std::str::from_utf8(&line).map(InitLine::parse) {
-            Ok(Ok(InitLine::Warning(message))) => warning(message),
-            Ok(Ok(end)) => return Ok(Some(end)),
-            _ => {}
+        match channel::parse::<InitLine>(&line)? {
+            InitLine::Warning(message) => warning(message),
+            end => return Ok(Some(end)),
         }
     }
 }
@@ -64,17 +67,16 @@ const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP]
 /// fd 0 (a pooled sandbox's socket to the daemon).
 pub fn run(spec: &SandboxSpec, go: OwnedFd, report: OwnedFd, stdin: Option<OwnedFd>) -> ! {
     let mut report = File::from(report);
-    let line = match init(spec, go, &mut report, stdin) {
-        Ok(line) => line,
-        Err(f) => failure_line(&f),
+    let _ = match init(spec, go, &mut report, stdin) {
+        Ok(line) => line.write(&mut report),
+        Err(f) => f.write(&mut report),
     };
-    let _ = report.write_all(line.as_bytes());
     // SAFETY: _exit ends this process without running anything inherited from the
     // helper's Rust runtime state (no destructors, no atexit handlers).
     unsafe { libc::_exit(0) }
 }
 
-fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedFd>) -> Result<String, Failure> {
+fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedFd>) -> Result<InitLine, Failure> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(Failure::at("PR_SET_PDEATHSIG"))?;
     let mut byte = [0u8; 1];
     let mut go = File::from(go);
@@ -86,7 +88,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     // see namespaces::creator), creating no file: its tmpfs mounts belong to host
     // root, which their mount options do not name. caps::drop_all then makes every
     // id the sandbox user's.
-    let plan = mounts::plan(&Layout {
+    let plan = mounts::plan(&Filesystem {
         rootfs: &spec.rootfs,
         dev: &spec.dev,
         workspace: spec.workspace.as_deref(),
@@ -103,7 +105,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
         Role::Init(line) => Ok(line),
         Role::Program(mut err_w) => {
             if let Err(f) = exec_program(spec, stdin) {
-                let _ = err_w.write_all(failure_line(&f).as_bytes());
+                let _ = f.write(&mut err_w);
             }
             // SAFETY: leave the failed child at once, without destructors.
             unsafe { libc::_exit(127) }
@@ -114,7 +116,7 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
 /// Which side of [`lock_down_and_fork`] returned.
 pub(super) enum Role {
     /// The init, once the program ended: the report line for the helper.
-    Init(String),
+    Init(InitLine),
     /// The program's process, locked down; a failure from here on is written to
     /// the pipe, whose other end the init reads until it closes (at exec, or when
     /// the process closes it).
@@ -170,7 +172,7 @@ pub(super) fn lock_down_and_fork(
             drop(err_r);
             let mut err_w = File::from(err_w);
             if let Err(f) = program_setup(rlimits, confine.is_some(), furnish, &mut err_w) {
-                let _ = err_w.write_all(failure_line(&f).as_bytes());
+                let _ = f.write(&mut err_w);
                 // SAFETY: leave the failed child at once, without destructors.
                 unsafe { libc::_exit(127) }
             }
@@ -184,7 +186,7 @@ pub(super) fn lock_down_and_fork(
     let mut setup = std::io::BufReader::new(File::from(err_r));
     loop {
         let forward = |message| {
-            let _ = report.write_all(InitLine::Warning(message).encode().as_bytes());
+            let _ = InitLine::Warning(message).write(report);
         };
         let failed = match read_report(&mut setup, forward) {
             Ok(None) => break,
@@ -194,7 +196,7 @@ pub(super) fn lock_down_and_fork(
         };
         let _ = kill(child, Signal::SIGKILL);
         let _ = waitpid(child, None);
-        return Ok(Role::Init(failed.encode()));
+        return Ok(Role::Init(failed));
     }
 
     // The init keeps no output pipe open while it waits.
@@ -241,7 +243,7 @@ fn program_setup(
                 if other == landlock::Enforcement::None { "unavailable" } else { "only partly enforced" },
                 landlock::kernel_abi()
             ));
-            let _ = err_w.write_all(warning.encode().as_bytes());
+            let _ = warning.write(err_w);
         }
     }
     Ok(())
@@ -249,7 +251,7 @@ fn program_setup(
 
 /// Wait for the program to end, reaping orphans and forwarding signals meanwhile.
 /// If the helper dies first, end at once: the kernel then kills the whole sandbox.
-pub(super) fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &File) -> String {
+pub(super) fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd, helper: &File) -> InitLine {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     loop {
@@ -258,17 +260,17 @@ pub(super) fn reap_until_exit(child: Pid, signals: &nix::sys::signalfd::SignalFd
             continue;
         }
         if fds[1].any().unwrap_or(false) {
-            return InitLine::Signaled(libc::SIGKILL).encode();
+            return InitLine::Ended(Exit::KILLED);
         }
         let Ok(Some(info)) = signals.read_signal() else { continue };
         match Signal::try_from(info.ssi_signo as i32) {
             Ok(Signal::SIGCHLD) => loop {
                 match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return InitLine::Exited(code).encode(),
-                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
-                        return InitLine::Signaled(sig as i32).encode()
-                    }
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(status) if status.pid() == Some(child) => match Exit::of(status) {
+                        Some(exit) => return InitLine::Ended(exit),
+                        None => continue,
+                    },
                     Ok(_) => continue,
                 }
             },
@@ -333,37 +335,81 @@ fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, Fa
 mod tests {
     use super::*;
 
+    /// A report as the init writes it.
+    fn report(lines: &[InitLine]) -> Vec<u8> {
+        lines.iter().flat_map(InitLine::encode).collect()
+    }
+
     #[test]
     fn a_report_is_read_up_to_how_the_program_ended_with_its_warnings() {
-        let mut r = &b"W careful\nnot a report line\n\xff\nX 3\nW after\n"[..];
+        let text = report(&[
+            InitLine::Warning("careful".into()),
+            InitLine::Ended(Exit::Exited(3)),
+            InitLine::Warning("after".into()),
+        ]);
+        let mut r = &text[..];
         let mut warnings = vec![];
-        assert_eq!(read_report(&mut r, |w| warnings.push(w)).unwrap(), Some(InitLine::Exited(3)));
+        assert_eq!(read_report(&mut r, |w| warnings.push(w)).unwrap(), Some(InitLine::Ended(Exit::Exited(3))));
         assert_eq!(warnings, ["careful"]);
         // What follows is left in the stream.
-        assert_eq!(r, b"W after\n");
-        let mut r = &b"F mounts\tbind /x: EPERM\n"[..];
+        assert_eq!(r, b"{\"warning\":\"after\"}\n");
+        let mut r = &b"{\"failed\":{\"step\":\"mounts\",\"error\":\"bind /x: EPERM\"}}\n"[..];
         assert_eq!(
             read_report(&mut r, |_| {}).unwrap(),
             Some(InitLine::Failed { step: "mounts".into(), error: "bind /x: EPERM".into() })
         );
         // A report that ends without a complete end line has none.
-        assert_eq!(read_report(&mut &b"W a\nX 3"[..], |_| {}).unwrap(), None);
+        let cut = report(&[InitLine::Warning("a".into()), InitLine::Ended(Exit::Exited(3))]);
+        assert_eq!(read_report(&mut &cut[..cut.len() - 1], |_| {}).unwrap(), None);
         assert_eq!(read_report(&mut &b""[..], |_| {}).unwrap(), None);
+    }
+
+    #[test]
+    fn a_line_that_is_not_an_init_line_is_refused() {
+        for bad in [&b"X 3\n"[..], b"not a report line\n", b"\xff\n", b"{\"ended\":{\"exited\":3},\"x\":1}\n", b"\n"] {
+            let mut warnings = vec![];
+            let e = read_report(&mut &bad[..], |w| warnings.push(w)).unwrap_err();
+            assert!(e.is_violation() && warnings.is_empty(), "{}: {e}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]
     fn an_over_long_report_line_is_refused_and_not_held() {
         // A line exactly at the bound is read; one byte more, or a stream that never
         // ends a line, is refused after taking the bound off the stream.
-        let at_bound = format!("W {}\nS 9\n", "x".repeat(REPORT_LINE - 2));
+        let frame = br#"{"warning":""}"#.len();
+        let at_bound =
+            format!("{{\"warning\":\"{}\"}}\n{{\"ended\":{{\"signaled\":9}}}}\n", "x".repeat(REPORT_LINE - frame));
         let mut warnings = vec![];
-        assert_eq!(read_report(&mut at_bound.as_bytes(), |w| warnings.push(w)).unwrap(), Some(InitLine::Signaled(9)));
-        assert_eq!(warnings[0].len(), REPORT_LINE - 2);
-        let over = format!("W {}\nS 9\n", "x".repeat(REPORT_LINE - 1));
+        assert_eq!(
+            read_report(&mut at_bound.as_bytes(), |w| warnings.push(w)).unwrap(),
+            Some(InitLine::Ended(Exit::Signaled(9)))
+        );
+        assert_eq!(warnings[0].len(), REPORT_LINE - frame);
+        let over =
+            format!("{{\"warning\":\"{}\"}}\n{{\"ended\":{{\"signaled\":9}}}}\n", "x".repeat(REPORT_LINE - frame + 1));
         let e = read_report(&mut over.as_bytes(), |_| panic!("no warning")).unwrap_err();
         assert!(matches!(e, channel::Error::TooLong(REPORT_LINE)), "{e}");
         let mut endless = std::io::BufReader::new(std::io::repeat(b'W'));
         let e = read_report(&mut endless, |_| panic!("no warning")).unwrap_err();
         assert!(matches!(e, channel::Error::TooLong(REPORT_LINE)), "{e}");
+    }
+
+    /// What the init writes on a pipe reads back as it was, each line in one write.
+    #[test]
+    fn lines_written_on_a_pipe_read_back() {
+        let (r, w) = super::super::process::pipe().unwrap();
+        let mut w = File::from(w);
+        InitLine::Warning("landlock\npartly".into()).write(&mut w).unwrap();
+        Failure { step: "exec", error: "x".repeat(REPORT_LINE) }.write(&mut w).unwrap();
+        drop(w);
+        let mut r = std::io::BufReader::new(File::from(r));
+        let mut warnings = vec![];
+        let Some(InitLine::Failed { step, error }) = read_report(&mut r, |w| warnings.push(w)).unwrap() else {
+            panic!("no failure")
+        };
+        assert_eq!(warnings, ["landlock\npartly"]);
+        assert_eq!(step, "exec");
+        assert!(error.len() > 3000 && error.bytes().all(|b| b == b'x'), "{}", error.len());
     }
 }

@@ -3,13 +3,16 @@
 //! (`rootfs/support/sandboxd_runner.py`, `kernel.py`) and the in-sandbox processes
 //! of this binary speak exactly these. Everything is read bounded and parsed
 //! strictly ([`super::channel`]); a line that is not one of a channel's messages
-//! is an [`Error::Malformed`], never a panic.
+//! is an [`Error::Malformed`], never a panic. How a program ended is one type,
+//! [`Exit`], on every channel that says it. This table and the "Channels and their
+//! messages" section of `ARCHITECTURE.md` (at the repository's root) describe the
+//! same protocol, each from its side: change both.
 //!
 //! | channel | carrier | daemon → peer | peer → daemon |
 //! |---|---|---|---|
 //! | slot | SOCK_SEQPACKET, one datagram each | [`Prepare`], then per run `r` + [`HelperFds`] | [`SlotReply`] |
 //! | helper control | stream socket, JSON lines | one [`SandboxSpec`], then [`HelperRequest`]s | [`Event`]s |
-//! | init report | pipe, text lines | — | [`InitLine`] (init → helper, or → a fork's outer process) |
+//! | init report | pipe, JSON lines | — | [`InitLine`] (init → helper, or → a fork's outer process) |
 //! | template | the template's stdin socket, JSON lines | [`ForkRequest`] + [`ForkFds`] | [`TemplateMessage`] |
 //! | a pooled run's socket | stream socket, JSON lines | [`ForkReply`], then [`RunCode`] | [`ForkMessage`]s, then [`RunClaim`] |
 //! | a pooled run's report | pipe, JSON lines | — | [`Report`] (from the fork's outer process) |
@@ -41,6 +44,57 @@ impl Failure {
 
     pub fn line(&self) -> InitLine {
         InitLine::Failed { step: self.step.into(), error: self.error.clone() }
+    }
+
+    /// Write this failure as an [`InitLine`], through a fixed buffer
+    /// ([`InitLine::write`]): nothing is allocated.
+    pub fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        Wire::Failed { step: self.step, error: &self.error }.write(out)
+    }
+}
+
+// ---- how a program ended ---------------------------------------------------------
+
+/// How a program ended, as the process that reaped it saw it: the one form on
+/// every channel that says it ([`InitLine::Ended`], [`Event::Ended`],
+/// [`Report::Ended`]): `{"exited":3}` or `{"signaled":9}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exit {
+    /// It exited with this code.
+    Exited(i32),
+    /// This signal killed it.
+    Signaled(i32),
+}
+
+impl Exit {
+    /// Killed by SIGKILL: how a run the daemon killed ended.
+    pub const KILLED: Exit = Exit::Signaled(libc::SIGKILL);
+
+    /// The exit code, when it exited.
+    pub fn code(self) -> Option<i32> {
+        match self {
+            Exit::Exited(code) => Some(code),
+            Exit::Signaled(_) => None,
+        }
+    }
+
+    /// The signal that killed it, when one did.
+    pub fn signal(self) -> Option<i32> {
+        match self {
+            Exit::Exited(_) => None,
+            Exit::Signaled(signal) => Some(signal),
+        }
+    }
+
+    /// How the process of a wait status ended; `None` when it has not ended (a
+    /// stopped or continued process, or none).
+    pub fn of(status: nix::sys::wait::WaitStatus) -> Option<Exit> {
+        match status {
+            nix::sys::wait::WaitStatus::Exited(_, code) => Some(Exit::Exited(code)),
+            nix::sys::wait::WaitStatus::Signaled(_, signal, _) => Some(Exit::Signaled(signal as i32)),
+            _ => None,
+        }
     }
 }
 
@@ -129,10 +183,8 @@ pub enum Event {
     Furnished,
     /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.
     Warning { message: String },
-    /// The program ended by itself.
-    Exited { code: i32 },
-    /// The program was killed by a signal.
-    Signaled { signal: i32 },
+    /// The program ended, as the init reaped it.
+    Ended { exit: Exit },
     /// The sandbox's init was killed (by the daemon at a timeout, or the OOM killer)
     /// before the program's status could be reported.
     InitKilled { signal: i32 },
@@ -140,49 +192,124 @@ pub enum Event {
     SetupFailed { step: String, error: String },
 }
 
+impl Event {
+    /// Its tag on the wire, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::HelperStarted { .. } => "helper_started",
+            Event::Started { .. } => "started",
+            Event::Attached => "attached",
+            Event::Furnished => "furnished",
+            Event::Warning { .. } => "warning",
+            Event::Ended { .. } => "ended",
+            Event::InitKilled { .. } => "init_killed",
+            Event::SetupFailed { .. } => "setup_failed",
+        }
+    }
+}
+
 // ---- init report -------------------------------------------------------------------
 
 /// A line the sandbox's init (or its program's process, before exec) writes on its
-/// report pipe: `W msg` (warning), `F step<TAB>msg` (setup failed), `X code`
-/// (exited), `S signal` (killed by a signal). Texts never hold a newline.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// report pipe, as JSON: `{"warning":"..."}`, `{"failed":{"step":"...","error":"..."}}`
+/// (setting up failed), `{"ended":{"exited":3}}` or `{"ended":{"signaled":9}}` (how
+/// the program ended, [`Exit`]). Written through a fixed buffer ([`InitLine::write`]),
+/// read bounded and strictly ([`super::init::read_report`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum InitLine {
     Warning(String),
     Failed { step: String, error: String },
-    Exited(i32),
-    Signaled(i32),
+    Ended(Exit),
+}
+
+/// The most bytes an [`InitLine`] takes on its pipe, its `'\n'` included: one
+/// pipe buffer's atomic write (`PIPE_BUF`), and below what a reader accepts
+/// ([`super::init::REPORT_LINE`]). Longer texts are cut to fit.
+pub const INIT_LINE_MAX: usize = 4096;
+const _: () = assert!(INIT_LINE_MAX <= super::init::REPORT_LINE && INIT_LINE_MAX <= libc::PIPE_BUF);
+/// The most bytes a failure's step takes, escaped, in an [`InitLine`].
+const STEP_MAX: usize = 256;
+
+/// [`InitLine`] with borrowed texts: what the init and a fork encode, into a fixed
+/// buffer, so that writing a line allocates nothing. Its bytes are [`InitLine`]'s
+/// (a test pins both).
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Wire<'a> {
+    Warning(&'a str),
+    Failed { step: &'a str, error: &'a str },
+    Ended(Exit),
+}
+
+impl Wire<'_> {
+    /// Encode into a buffer on the stack, the texts cut to fit it, and write it in
+    /// one `write_all` (at most [`INIT_LINE_MAX`] bytes: atomic on a pipe).
+    fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut buf = [0u8; INIT_LINE_MAX];
+        let n = self.encode_into(&mut buf);
+        out.write_all(&buf[..n])
+    }
+
+    /// The line, with its `'\n'`, in `buf`; its length. The texts are cut (on a
+    /// character boundary) so that, escaped at the most (6 bytes a control
+    /// character), the line fits: serializing never runs out of room, and so never
+    /// allocates an error.
+    fn encode_into(&self, buf: &mut [u8; INIT_LINE_MAX]) -> usize {
+        // Room for the keys, quotes and braces of the longest form, and the '\n'.
+        const FRAME: usize = 64;
+        let cut = match *self {
+            Wire::Warning(m) => Wire::Warning(fit(m, INIT_LINE_MAX - FRAME)),
+            Wire::Failed { step, error } => {
+                Wire::Failed { step: fit(step, STEP_MAX), error: fit(error, INIT_LINE_MAX - FRAME - STEP_MAX) }
+            }
+            Wire::Ended(exit) => Wire::Ended(exit),
+        };
+        let mut rest = &mut buf[..INIT_LINE_MAX - 1];
+        // Cannot fail: the texts were cut to fit, and integers take at most 11 bytes.
+        let _ = serde_json::to_writer(&mut rest, &cut);
+        let n = INIT_LINE_MAX - 1 - rest.len();
+        buf[n] = b'\n';
+        n + 1
+    }
+}
+
+/// The longest prefix of `text`, cut on a character boundary, whose JSON string
+/// form takes at most `room` bytes however it is escaped.
+fn fit(text: &str, room: usize) -> &str {
+    let mut used = 0;
+    for (i, c) in text.char_indices() {
+        used += match c {
+            '"' | '\\' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        };
+        if used > room {
+            return &text[..i];
+        }
+    }
+    text
 }
 
 impl InitLine {
-    /// The line, with its `'\n'`; newlines inside the texts become spaces.
-    pub fn encode(&self) -> String {
-        let one = |s: &str| s.replace('\n', " ");
+    /// Write the line on `out` (the init's report pipe, or the program's set-up
+    /// pipe) without allocating: it is encoded into a fixed buffer on the stack, its
+    /// texts cut to fit [`INIT_LINE_MAX`].
+    pub fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         match self {
-            InitLine::Warning(m) => format!("W {}\n", one(m)),
-            InitLine::Failed { step, error } => format!("F {}\t{}\n", one(step).replace('\t', " "), one(error)),
-            InitLine::Exited(code) => format!("X {code}\n"),
-            InitLine::Signaled(sig) => format!("S {sig}\n"),
+            InitLine::Warning(m) => Wire::Warning(m),
+            InitLine::Failed { step, error } => Wire::Failed { step, error },
+            InitLine::Ended(exit) => Wire::Ended(*exit),
         }
+        .write(out)
     }
 
-    /// One line, without its `'\n'`. A failure without a step is the sandbox's.
-    pub fn parse(line: &str) -> Result<InitLine, Error> {
-        let bad = |reason: &str| Error::Malformed {
-            reason: reason.into(),
-            excerpt: super::channel::excerpt(line.as_bytes()),
-        };
-        let (kind, rest) = line.split_at_checked(1).ok_or_else(|| bad("an empty report line"))?;
-        let rest = rest.trim_start();
-        match kind {
-            "W" => Ok(InitLine::Warning(rest.into())),
-            "X" => rest.parse().map(InitLine::Exited).map_err(|_| bad("an exit code that is not a number")),
-            "S" => rest.parse().map(InitLine::Signaled).map_err(|_| bad("a signal that is not a number")),
-            "F" => {
-                let (step, error) = rest.split_once('\t').unwrap_or(("sandbox", rest));
-                Ok(InitLine::Failed { step: step.into(), error: error.into() })
-            }
-            _ => Err(bad("an unknown report kind")),
-        }
+    /// The line as [`InitLine::write`] writes it, with its `'\n'`.
+    #[cfg(test)]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![];
+        let _ = self.write(&mut out);
+        out
     }
 
     /// The helper's [`Event`] for this line.
@@ -190,8 +317,7 @@ impl InitLine {
         match self {
             InitLine::Warning(message) => Event::Warning { message },
             InitLine::Failed { step, error } => Event::SetupFailed { step, error },
-            InitLine::Exited(code) => Event::Exited { code },
-            InitLine::Signaled(signal) => Event::Signaled { signal },
+            InitLine::Ended(exit) => Event::Ended { exit },
         }
     }
 }
@@ -281,10 +407,8 @@ pub enum RunClaim {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Report {
-    /// The run's process exited with this code.
-    ExitCode(i32),
-    /// The run's process (or its init) was killed by this signal.
-    Signal(i32),
+    /// How the run's process ended (killed by a signal: it, or its init).
+    Ended(Exit),
     /// The sandbox could not be made; the run's process never got to run anything.
     Failed { step: String, error: String },
 }
@@ -331,6 +455,8 @@ pub enum KernelMessage {
     },
 }
 
+/// One of a program's two output streams: in a kernel's [`KernelMessage::Chunk`],
+/// and in the daemon wherever output is kept or streamed ([`super::output`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
@@ -358,207 +484,4 @@ pub struct Exception {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::channel::{encode, parse, Channel};
-    use super::super::spec::Rlimits;
-    use super::*;
-
-    fn child() -> ChildSpec {
-        ChildSpec {
-            rlimits: Rlimits { file_size_bytes: 3, open_files: 4 },
-            seccomp: crate::isolate::seccomp::Program::allow_all(),
-        }
-    }
-
-    /// `msg` encodes to exactly `wire` (plus the newline) and `wire` parses back.
-    fn exact<T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(wire: &str, msg: T) {
-        assert_eq!(encode(&msg).unwrap(), format!("{wire}\n").into_bytes());
-        assert_eq!(parse::<T>(wire.as_bytes()).unwrap(), msg);
-    }
-
-    #[test]
-    fn slot_messages_keep_their_wire_form() {
-        exact(
-            r#"{"cgroup_procs":["/c/cgroup.procs"],"daemon_pid":7}"#,
-            Prepare { cgroup_procs: vec!["/c/cgroup.procs".into()], daemon_pid: 7 },
-        );
-        exact(r#"{"event":"ready"}"#, SlotReply::Ready);
-        exact(
-            r#"{"event":"setup_failed","step":"s","error":"e"}"#,
-            SlotReply::SetupFailed { step: "s".into(), error: "e".into() },
-        );
-        assert_eq!(RUN_BYTE, b"r");
-    }
-
-    #[test]
-    fn helper_messages_keep_their_wire_form() {
-        exact(r#"{"event":"helper_started","pid":3}"#, Event::HelperStarted { pid: 3 });
-        exact(r#"{"event":"started","init_pid":4}"#, Event::Started { init_pid: 4 });
-        exact(r#"{"event":"attached"}"#, Event::Attached);
-        exact(r#"{"event":"warning","message":"w"}"#, Event::Warning { message: "w".into() });
-        exact(r#"{"event":"exited","code":-1}"#, Event::Exited { code: -1 });
-        exact(r#"{"event":"signaled","signal":9}"#, Event::Signaled { signal: 9 });
-        exact(r#"{"event":"init_killed","signal":9}"#, Event::InitKilled { signal: 9 });
-        exact(
-            r#"{"event":"setup_failed","step":"mounts","error":"x"}"#,
-            Event::SetupFailed { step: "mounts".into(), error: "x".into() },
-        );
-        exact(r#"{"event":"furnished"}"#, Event::Furnished);
-        exact(
-            r#"{"op":"attach","pid":12,"workspace":"/w","owner_uid":5,"owner_gid":6}"#,
-            HelperRequest::Attach(Attach { pid: Some(12), workspace: "/w".into(), owner_uid: 5, owner_gid: 6 }),
-        );
-        exact(r#"{"op":"furnish","pid":12}"#, HelperRequest::Furnish { pid: 12 });
-        // A pid may be left out: the sandbox's own mount namespace.
-        let a: HelperRequest = parse(br#"{"op":"attach","workspace":"/w","owner_uid":5,"owner_gid":6}"#).unwrap();
-        assert!(matches!(a, HelperRequest::Attach(Attach { pid: None, .. })));
-        for bad in [&br#"{"workspace":"/w","owner_uid":5,"owner_gid":6}"#[..], br#"{"op":"furnish"}"#, br#"{"op":"x"}"#]
-        {
-            assert!(parse::<HelperRequest>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
-        for bad in [&br#"{"event":"ready"}"#[..], br#"{"event":"nope"}"#, br#"{"started":1}"#, b"{", b""] {
-            assert!(parse::<Event>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
-        }
-    }
-
-    #[test]
-    fn init_lines_round_trip_and_stay_on_one_line() {
-        for (line, msg) in [
-            ("X 3", InitLine::Exited(3)),
-            ("S 9", InitLine::Signaled(9)),
-            ("W careful", InitLine::Warning("careful".into())),
-            ("F mounts\tbind /x: EPERM", InitLine::Failed { step: "mounts".into(), error: "bind /x: EPERM".into() }),
-        ] {
-            assert_eq!(msg.encode(), format!("{line}\n"));
-            assert_eq!(InitLine::parse(line).unwrap(), msg);
-        }
-        let f = Failure { step: "exec", error: "a\nb".into() };
-        assert_eq!(f.line().encode(), "F exec\ta b\n");
-        assert_eq!(InitLine::Warning("x\ny".into()).encode(), "W x y\n");
-        assert_eq!(
-            InitLine::parse("F lost").unwrap(),
-            InitLine::Failed { step: "sandbox".into(), error: "lost".into() }
-        );
-        assert_eq!(InitLine::parse("X 3").unwrap().into_event(), Event::Exited { code: 3 });
-        for bad in ["", "X nope", "S", "Q 1", "é"] {
-            assert!(InitLine::parse(bad).unwrap_err().is_violation(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn template_messages_are_what_the_runner_sends_and_reads() {
-        // sandboxd_runner.py: json.dumps({"ready": {"failed": failed}}) and {"reaped": pid}.
-        exact(r#"{"ready":{"failed":["nope"]}}"#, TemplateMessage::Ready { failed: vec!["nope".into()] });
-        exact(r#"{"reaped":12}"#, TemplateMessage::Reaped(12));
-        assert_eq!(
-            parse::<TemplateMessage>(br#"{"ready": {"failed": []}}"#).unwrap(),
-            TemplateMessage::Ready { failed: vec![] }
-        );
-        // The runner reads json.loads(data)["spec"] and hands it to sandboxd_enter.
-        let req = encode(&ForkRequest { spec: child() }).unwrap();
-        assert_eq!(
-            String::from_utf8(req).unwrap(),
-            "{\"spec\":{\"rlimits\":{\"file_size_bytes\":3,\"open_files\":4},\"seccomp\":\"BgAAAAAA/38=\"}}\n"
-        );
-        for bad in [&br#"{"reaped":"x"}"#[..], br#"{"ready":{}}"#, br#"{"forked":1}"#, b"null"] {
-            assert!(parse::<TemplateMessage>(bad).unwrap_err().is_violation(), "{}", String::from_utf8_lossy(bad));
-        }
-    }
-
-    #[test]
-    fn a_pooled_runs_messages_are_what_the_runner_sends_and_reads() {
-        // sandboxd_runner.py sends b'{"entered": true}\n', then
-        // json.dumps({"exit_code": exit_code}); it reads msg["code"], ["run_id"], ["autosave"].
-        assert_eq!(parse::<ForkMessage>(br#"{"entered": true}"#).unwrap(), ForkMessage::Entered(true));
-        // Before it, sandboxd_enter asks for the fork's own filesystems, and is answered.
-        exact(r#"{"furnish":true}"#, ForkMessage::Furnish(true));
-        exact(r#"{"furnished":true}"#, ForkReply::Furnished(true));
-        assert_eq!(parse::<RunClaim>(br#"{"exit_code": 255}"#).unwrap(), RunClaim::ExitCode(255));
-        exact(r#"{"exit_code":0}"#, RunClaim::ExitCode(0));
-        let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true };
-        assert_eq!(encode(&code).unwrap(), b"{\"code\":\"print(1)\\n\",\"run_id\":\"r1\",\"autosave\":true}\n");
-        exact(r#"{"exit_code":-1}"#, Report::ExitCode(-1));
-        exact(r#"{"signal":9}"#, Report::Signal(9));
-        exact(r#"{"failed":{"step":"s","error":"e"}}"#, Report::Failed { step: "s".into(), error: "e".into() });
-        // What the user's code could write instead is none of the claims.
-        for bad in [
-            &br#"{"failed":{"step":"x","error":"evil"}}"#[..],
-            br#"{"signal":9}"#,
-            br#"{"exit_code":256}"#,
-            br#"{"exit_code":-1}"#,
-            br#"{"exit_code":0,"signal":9}"#,
-            br#"{"entered":true}"#,
-        ] {
-            assert!(parse::<RunClaim>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
-        for bad in [&br#"{"failed":{"step":"x","error":"evil"}}"#[..], br#"{"entered":true,"x":1}"#, br#""entered""#] {
-            assert!(parse::<ForkMessage>(bad).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
-    }
-
-    #[test]
-    fn kernel_messages_are_what_kernel_py_sends_and_reads() {
-        // kernel.py: json.dumps(obj, ensure_ascii=False), with its default separators.
-        assert_eq!(parse::<KernelMessage>(br#"{"kind": "ready"}"#).unwrap(), KernelMessage::Ready {});
-        assert_eq!(
-            parse::<KernelMessage>(
-                "{\"kind\": \"chunk\", \"nonce\": \"n\", \"stream\": \"stdout\", \"text\": \"é\"}".as_bytes()
-            )
-            .unwrap(),
-            KernelMessage::Chunk { nonce: "n".into(), stream: Stream::Stdout, text: "é".into() }
-        );
-        let cell = KernelCell { code: "1", run_id: "r", autosave: false, output_limit: 10, nonce: "n" };
-        assert_eq!(
-            encode(&cell).unwrap(),
-            b"{\"code\":\"1\",\"run_id\":\"r\",\"autosave\":false,\"output_limit\":10,\"nonce\":\"n\"}\n"
-        );
-        assert_eq!(kernel_source("abc"), b"0000000003abc");
-        assert!(parse::<KernelMessage>(br#"{"kind":"nope"}"#).unwrap_err().is_violation());
-    }
-
-    #[tokio::test]
-    async fn a_channel_sends_and_receives_typed_lines_and_refuses_the_rest() {
-        let (a, b) = tokio::net::UnixStream::pair().unwrap();
-        let (mut a, mut b) = (Channel::new(a, 64), Channel::new(b, 64));
-        a.send(&Event::Attached).await.unwrap();
-        a.send(&Event::Exited { code: 2 }).await.unwrap();
-        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Attached));
-        assert_eq!(b.recv::<Event>().await.unwrap(), Some(Event::Exited { code: 2 }));
-        // An unknown tag: a typed error, and the channel is out of step from then on.
-        use tokio::io::AsyncWriteExt;
-        a.get_mut().write_all(b"{\"event\":\"evil\"}\n").await.unwrap();
-        assert!(b.recv::<Event>().await.unwrap_err().is_violation());
-        assert!(matches!(b.recv::<Event>().await, Err(Error::Broken)));
-        // An oversized line costs the limit and is refused.
-        let (c, d) = tokio::net::UnixStream::pair().unwrap();
-        let (mut c, mut d) = (Channel::new(c, 64), Channel::new(d, 64));
-        c.send(&Event::Warning { message: "x".repeat(100) }).await.unwrap();
-        assert!(matches!(d.recv::<Event>().await, Err(Error::TooLong(64))));
-        drop(c);
-        // A clean end of the stream is None.
-        let (e, f) = tokio::net::UnixStream::pair().unwrap();
-        drop(e);
-        assert_eq!(Channel::new(f, 64).recv::<Event>().await.unwrap(), None);
-    }
-
-    #[tokio::test]
-    async fn a_channel_passes_fds_with_its_message() {
-        use std::io::{Read, Write};
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        a.set_nonblocking(true).unwrap();
-        let a = Channel::new(tokio::net::UnixStream::from_std(a).unwrap(), 1024);
-        let (r, w) = super::super::process::pipe().unwrap();
-        a.send_with_fds(&ForkRequest { spec: child() }, &[w.as_fd()]).await.unwrap();
-        drop(w);
-        let got = tokio::task::spawn_blocking(move || {
-            let fds = super::super::channel::recv_fds::<5>(b.as_fd(), &[1]).unwrap().unwrap();
-            let mut pipe = std::fs::File::from(fds.into_iter().next().unwrap());
-            pipe.write_all(b"through").unwrap();
-        })
-        .await;
-        assert!(got.is_ok());
-        let mut text = String::new();
-        std::fs::File::from(r).read_to_string(&mut text).unwrap();
-        assert_eq!(text, "through");
-    }
-}
+mod tests;

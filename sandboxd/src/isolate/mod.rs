@@ -4,6 +4,7 @@
 //!
 //! - [`process`] (pidfds, signals, pipes) and [`channel`] (the one channel type,
 //!   bounded lines, fd passing) carry the typed messages of [`message`];
+//! - [`drive`]: timeout → ask → grace → kill, and cancel, for every run ([`drive::Drive`]);
 //! - [`supervise`]: have a slot fork a run's helper, then drive the run (output
 //!   capped, timeout, grace, cancel) and complete its [`Outcome`] in one place;
 //! - [`sandboxes`]: the slot pool ([`Sandboxes`], slots: [`slot`]) and a cold run;
@@ -21,6 +22,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod channel;
 pub mod devfs;
+pub mod drive;
 pub mod fork;
 pub mod helper;
 pub mod init;

@@ -76,9 +76,10 @@ pub enum MountOp {
     },
 }
 
-/// What the plan is made from.
+/// What the sandbox's filesystem is made from ([`plan`]'s input). (Where a run's
+/// cgroup directories are is another thing: [`super::cgroup::Layout`].)
 #[derive(Debug, Clone)]
-pub struct Layout<'a> {
+pub struct Filesystem<'a> {
     pub rootfs: &'a Path,
     /// The daemon's shared `/dev` tree ([`super::devfs`]).
     pub dev: &'a Path,
@@ -138,7 +139,7 @@ pub fn proc_dir_masks(proc: &Path) -> Vec<MountOp> {
 }
 
 /// The mount operations, in order.
-pub fn plan(l: &Layout) -> Vec<MountOp> {
+pub fn plan(l: &Filesystem) -> Vec<MountOp> {
     use MountOp::*;
     let root = l.rootfs;
     let dev = root.join("dev");
@@ -268,7 +269,7 @@ mod tests {
     use super::*;
 
     fn layout_with(workspace: Option<&Path>, mask_proc: bool) -> Vec<MountOp> {
-        plan(&Layout {
+        plan(&Filesystem {
             rootfs: Path::new("/r"),
             dev: Path::new("/d"),
             workspace,

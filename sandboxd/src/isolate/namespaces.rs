@@ -37,8 +37,12 @@ pub const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWCGROUP;
 
-pub enum Forked {
+/// Which side of [`clone_into_namespaces`] returned. (A template's fork waiting
+/// for its code is another thing: [`super::pooled::Forked`].)
+pub enum Cloned {
+    /// The sandbox's init, pid 1 of its namespaces.
     Child,
+    /// The helper, with the init's host pid.
     Parent(Pid),
 }
 
@@ -84,7 +88,7 @@ pub fn creator(owner: Owner) -> (Ids, Ids) {
 /// # Safety
 /// The caller must be single-threaded (the helper process is), as after `fork`:
 /// the ids are changed for this thread alone.
-pub unsafe fn clone_into_namespaces(owner: Owner) -> Result<Forked, Error> {
+pub unsafe fn clone_into_namespaces(owner: Owner) -> Result<Cloned, Error> {
     let (uid, gid) = creator(owner);
     let parent = nix::unistd::getppid();
     become_ids(uid, gid).map_err(Error::Owner)?;
@@ -103,8 +107,8 @@ pub unsafe fn clone_into_namespaces(owner: Owner) -> Result<Forked, Error> {
     };
     let cloned = match rc {
         -1 => Err(Error::Clone(nix::Error::last())),
-        0 => return Ok(Forked::Child),
-        pid => Ok(Forked::Parent(Pid::from_raw(pid as i32))),
+        0 => return Ok(Cloned::Child),
+        pid => Ok(Cloned::Parent(Pid::from_raw(pid as i32))),
     };
     let root = Ids { real: 0, effective: 0, saved: 0, fs: 0 };
     become_ids(root, root).map_err(Error::Owner)?;

@@ -5,16 +5,16 @@
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamKind {
-    Stdout,
-    Stderr,
-}
+pub use super::message::Stream;
+
+/// The name `api/` still uses for [`Stream`]: the same type (remove once `api/`
+/// names it `Stream`).
+pub type StreamKind = Stream;
 
 /// A piece of output for streaming clients, already decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
-    pub stream: StreamKind,
+    pub stream: Stream,
     pub text: String,
 }
 
@@ -34,7 +34,7 @@ impl Captured {
 /// Read `reader` to its end, keeping at most `limit` bytes.
 pub async fn capture<R: AsyncRead + Unpin>(
     reader: Option<R>,
-    stream: StreamKind,
+    stream: Stream,
     limit: usize,
     chunks: Option<mpsc::Sender<Chunk>>,
 ) -> Captured {
@@ -79,7 +79,7 @@ pub async fn capture<R: AsyncRead + Unpin>(
 /// it or gone away. The order of the pieces is kept.
 struct Relay {
     tx: mpsc::Sender<Chunk>,
-    stream: StreamKind,
+    stream: Stream,
     backlog: String,
 }
 
@@ -142,10 +142,10 @@ mod tests {
     #[tokio::test]
     async fn keeps_only_the_limit_and_drains_the_rest() {
         let data = vec![b'x'; 300_000];
-        let got = capture(Some(&data[..]), StreamKind::Stdout, 1000, None).await;
+        let got = capture(Some(&data[..]), Stream::Stdout, 1000, None).await;
         assert_eq!(got.bytes.len(), 1000);
         assert!(got.truncated);
-        let small = capture(Some(&b"hi"[..]), StreamKind::Stdout, 1000, None).await;
+        let small = capture(Some(&b"hi"[..]), Stream::Stdout, 1000, None).await;
         assert_eq!(small.text(), "hi");
         assert!(!small.truncated);
     }
@@ -165,7 +165,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(2);
         let got = tokio::time::timeout(
             std::time::Duration::from_secs(60),
-            capture(Some(r), StreamKind::Stdout, 1 << 20, Some(tx)),
+            capture(Some(r), Stream::Stdout, 1 << 20, Some(tx)),
         )
         .await
         .expect("the capture ended although its client read nothing");

@@ -11,7 +11,7 @@ use super::message::{
     Attach, Event, ForkFds, ForkMessage, ForkReply, ForkRequest, HelperRequest, Report, RunCode, TemplateMessage,
 };
 use super::output::Chunk;
-use super::process::{children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pair};
+use super::process::{self, children, kill_all, pidfd_kill, pidfd_open, pipe, socket_pair};
 use super::sandboxes::Sandboxes;
 use super::slot;
 use super::spec::{ChildSpec, SandboxSpec};
@@ -179,8 +179,8 @@ impl PooledTemplate {
         if let Some(pid) = self.python_pid {
             return Ok(pid);
         }
-        let init = self.sandbox.init_pid.ok_or(Error::NoStatus)?;
-        let pid = children(init).first().copied().ok_or(Error::NoStatus)?;
+        let init = self.sandbox.init_pid.ok_or(Error::NoInit)?;
+        let pid = children(init).first().copied().ok_or(Error::NoInterpreter)?;
         self.python_pid = Some(pid);
         Ok(pid)
     }
@@ -259,11 +259,12 @@ impl PooledTemplate {
                 .into_iter()
                 .find(|p| !children(*p).is_empty())
                 .ok_or_else(|| fork_failed("the fork is not there"))?;
-            let init_pid = children(outer_pid).first().copied().ok_or(Error::NoStatus)?;
+            let init_pid = children(outer_pid).first().copied().ok_or_else(|| fork_failed("the fork has no init"))?;
             let init_pidfd = pidfd_open(init_pid).map_err(Error::Control)?;
             // The run's process is waiting (for its filesystems, then its code), so its
             // init (which waits for it) is still the process behind `init_pid`.
-            let program_pid = children(init_pid).first().copied().ok_or(Error::NoStatus)?;
+            let program_pid =
+                children(init_pid).first().copied().ok_or_else(|| fork_failed("the fork's init has no run process"))?;
             self.ask_helper(&HelperRequest::Furnish { pid: outer_pid }, &Event::Furnished).await?;
             program.send(&ForkReply::Furnished(true)).await?;
             fork_says(&mut program, &mut report, ForkMessage::Entered(true)).await?;
@@ -288,7 +289,7 @@ impl PooledTemplate {
 
     /// Send the sandbox's helper `req` and wait for its answer, `done`.
     async fn ask_helper(&mut self, req: &HelperRequest, done: &Event) -> Result<(), Error> {
-        let control = self.sandbox.control.as_mut().ok_or(Error::NoStatus)?;
+        let control = self.sandbox.control.as_mut().ok_or(Error::NoHelper)?;
         control.send(req).await?;
         loop {
             match self.sandbox.next_event().await? {
@@ -322,7 +323,7 @@ impl PooledTemplate {
         };
         let started = Instant::now();
         let ended: Done<'_> = Box::pin(async { Some(run_ended(&mut program, &mut report, &bounds.id).await) });
-        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended)).await;
+        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended), process::signal).await;
         // Tearing the fork down (three processes unmapping a copy of the template's
         // memory) waits behind the answer to the run.
         let _ = self.slot.cg.set_idle(true);
@@ -374,7 +375,7 @@ impl PooledTemplate {
             }
             other => {
                 self.destroy().await;
-                Err(other.err().unwrap_or(Error::NoStatus))
+                Err(other.err().unwrap_or(Error::SlotGone))
             }
         }
     }
@@ -406,5 +407,89 @@ impl PooledTemplate {
         kill_all(self.sandbox.init_pid, self.sandbox.helper_pid);
         let PooledTemplate { sandboxes, slot, .. } = self;
         sandboxes.release(slot).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A fork's two channels as the daemon holds them, and their other ends: the
+    /// run's socket and the report pipe's write end.
+    fn fork_channels() -> (
+        Channel<tokio::net::UnixStream>,
+        Channel<tokio::net::unix::pipe::Receiver>,
+        std::os::unix::net::UnixStream,
+        std::fs::File,
+    ) {
+        let (ours, theirs) = socket_pair().unwrap();
+        let (r, w) = pipe().unwrap();
+        let report = tokio::net::unix::pipe::Receiver::from_owned_fd(r).unwrap();
+        (Channel::new(ours, RUN_LINE), Channel::new(report, TEMPLATE_LINE), theirs, std::fs::File::from(w))
+    }
+
+    async fn says(lines: &[&[u8]], report: Option<&Report>, close: bool) -> Result<(), Error> {
+        let (mut program, mut reports, mut socket, mut pipe) = fork_channels();
+        for l in lines {
+            socket.write_all(l).unwrap();
+        }
+        if let Some(r) = report {
+            channel::write_line(&mut pipe, r).unwrap();
+        }
+        if close {
+            drop((socket, pipe));
+            return fork_says(&mut program, &mut reports, ForkMessage::Furnish(true)).await;
+        }
+        let said = fork_says(&mut program, &mut reports, ForkMessage::Furnish(true)).await;
+        drop((socket, pipe));
+        said
+    }
+
+    #[tokio::test]
+    async fn a_fork_says_each_message_in_turn_or_why_it_ended() {
+        assert!(says(&[b"{\"furnish\":true}\n"], None, false).await.is_ok());
+        // Out of turn, or not a fork's message at all.
+        for bad in [&b"{\"entered\":true}\n"[..], b"{\"furnish\":false}\n", b"{\"exit_code\":0}\n", b"nope\n"] {
+            let e = says(&[bad], None, false).await.unwrap_err();
+            assert_eq!(e.to_string(), "setting up the sandbox failed at fork: the template's fork broke the protocol");
+        }
+        // It ended: its report says why, when it says.
+        let failed = Report::Failed { step: "landlock".into(), error: "EPERM".into() };
+        let e = says(&[], Some(&failed), true).await.unwrap_err();
+        assert_eq!(e.to_string(), "setting up the sandbox failed at landlock: EPERM");
+        let e = says(&[], None, true).await.unwrap_err();
+        assert_eq!(e.to_string(), "setting up the sandbox failed at fork: the template's fork ended");
+        // A report of an end before the run had code is no failure of a step.
+        let e = says(&[], Some(&Report::Ended(super::super::message::Exit::KILLED)), false).await.unwrap_err();
+        assert_eq!(e.to_string(), "setting up the sandbox failed at fork: the template's fork ended");
+    }
+
+    #[tokio::test]
+    async fn a_run_ends_with_its_claim_or_its_outer_process_report() {
+        use super::super::message::Exit;
+        async fn ended(claim: &[u8], report: Option<&Report>) -> Exit {
+            let (mut program, mut reports, mut socket, mut pipe) = fork_channels();
+            socket.write_all(claim).unwrap();
+            if let Some(r) = report {
+                channel::write_line(&mut pipe, r).unwrap();
+            }
+            drop(pipe);
+            run_ended(&mut program, &mut reports, "r").await
+        }
+        // The run's claim of its exit code, when it comes first (its outer process
+        // still waits).
+        let (mut program, mut reports, mut socket, _pipe) = fork_channels();
+        socket.write_all(b"{\"exit_code\":3}\n").unwrap();
+        assert_eq!(run_ended(&mut program, &mut reports, "r").await, Exit::Exited(3));
+        // Anything else on its socket is no claim: the report says.
+        let segv = Report::Ended(Exit::Signaled(libc::SIGSEGV));
+        assert_eq!(ended(b"{\"signal\":9}\n", Some(&segv)).await, Exit::Signaled(libc::SIGSEGV));
+        assert_eq!(ended(b"{\"exit_code\":-1}\n", Some(&segv)).await, Exit::Signaled(libc::SIGSEGV));
+        assert_eq!(ended(b"", Some(&Report::Ended(Exit::Exited(0)))).await, Exit::Exited(0));
+        // A failure once the run has its code, or no report at all: killed.
+        let failed = Report::Failed { step: "x".into(), error: "y".into() };
+        assert_eq!(ended(b"", Some(&failed)).await, Exit::KILLED);
+        assert_eq!(ended(b"", None).await, Exit::KILLED);
     }
 }

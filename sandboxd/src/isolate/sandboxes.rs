@@ -3,6 +3,7 @@
 
 use super::cgroup;
 use super::output::Chunk;
+use super::process;
 use super::slot::{self, HELPER_ARG};
 use super::supervise::{drive, launch, Baseline, Error, Outcome, Run, Usage, PIDS_KEEP};
 use std::os::fd::OwnedFd;
@@ -142,7 +143,8 @@ impl Sandboxes {
                 Ok(mut sandbox) => {
                     // Only the sandbox holds the program's end now.
                     drop(stdin);
-                    drive(&mut sandbox, &run.bounds(), chunks, &mut cancel, started, started_tx, None).await
+                    let bounds = run.bounds();
+                    drive(&mut sandbox, &bounds, chunks, &mut cancel, started, started_tx, None, process::signal).await
                 }
                 Err(e) => Err(e),
             },

@@ -2,14 +2,15 @@
 //! pooled templates ([`super::pooled`]): have a slot fork a run's helper
 //! ([`launch`]), read the program's stdout and stderr (capped while they are read),
 //! enforce the wall-clock limit (SIGTERM, a grace period, then SIGKILL to the
-//! whole tree) and cancellation ([`drive`]), and complete the run's [`Outcome`] in
-//! one place ([`Ended::complete`]).
+//! whole tree) and cancellation ([`drive`], through [`Drive`]), and complete the
+//! run's [`Outcome`] in one place ([`Ended::complete`]).
 
 use super::cgroup::{self, RunCgroup};
 use super::channel::{self, Channel};
-use super::message::{Event, HelperFds, Report, RunClaim};
-use super::output::{self, Captured, Chunk, StreamKind};
-use super::process::{kill_all, pipe, signal, socket_pair};
+use super::drive::{Drive, Kill, Target};
+use super::message::{Event, Exit, HelperFds, Report, RunClaim, Stream};
+use super::output::{self, Captured, Chunk};
+use super::process::{pipe, socket_pair};
 use super::slot;
 use super::spec::SandboxSpec;
 use crate::model::run::RunUsage;
@@ -37,8 +38,24 @@ pub enum Error {
     Channel(#[from] channel::Error),
     #[error("setting up the sandbox failed at {step}: {error}")]
     Setup { step: String, error: String },
-    #[error("the sandbox helper ended without reporting the program's status")]
-    NoStatus,
+    #[error("the sandbox helper closed its control socket before the program ended")]
+    HelperGone,
+    #[error("the sandbox helper broke the protocol: {0}")]
+    HelperProtocol(channel::Error),
+    #[error("the sandbox helper said \"{0}\" where it was to say {1}")]
+    Unexpected(&'static str, &'static str),
+    #[error("the template's sandbox has no init")]
+    NoInit,
+    #[error("the template's init has no interpreter: it ended")]
+    NoInterpreter,
+    #[error("a template's fork has no helper of its own to ask")]
+    NoHelper,
+    #[error("the fork made ahead for the run is gone: it spoke or ended before its run")]
+    NoPreparedFork,
+    #[error("the pool has no library for its templates' forks")]
+    NoLibrary,
+    #[error("the template's slot process is gone")]
+    SlotGone,
     #[error("the template served its {0} runs and is replaced")]
     Retired(u64),
     #[error("its run counted more than {0} tasks, a peak its cgroup keeps: it is replaced")]
@@ -80,8 +97,9 @@ impl Run {
 /// How a run ended.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
+    /// How its program ended (killed by SIGKILL when the daemon killed it before
+    /// its sandbox could say).
+    pub exit: Exit,
     pub timed_out: bool,
     pub oom_killed: bool,
     /// Killed on request (the session was closed, the daemon is stopping).
@@ -169,8 +187,7 @@ pub struct Usage {
 /// the cgroup says.
 #[derive(Debug)]
 pub struct Ended {
-    exit_code: Option<i32>,
-    signal: Option<i32>,
+    exit: Exit,
     timed_out: bool,
     cancelled: bool,
     duration: Duration,
@@ -185,8 +202,7 @@ impl Ended {
     /// The run's outcome: the one place a run's result is completed.
     pub fn complete(self, usage: Usage) -> Outcome {
         Outcome {
-            exit_code: self.exit_code,
-            signal: self.signal,
+            exit: self.exit,
             timed_out: self.timed_out,
             oom_killed: usage.oom_killed,
             cancelled: self.cancelled,
@@ -203,7 +219,7 @@ impl Ended {
 
 /// Resolves to how a run ended when its processes report it themselves (None: its
 /// report ended without a word).
-pub type Done<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Event>> + Send + 'a>>;
+pub type Done<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Exit>> + Send + 'a>>;
 
 /// The daemon's ends of a sandbox whose helper has its spec.
 pub struct Launched {
@@ -229,10 +245,10 @@ impl Launched {
                     self.warnings.push(message);
                 }
                 Ok(Some(e)) => return Ok(e),
-                Ok(None) => return Err(Error::NoStatus),
+                Ok(None) => return Err(Error::HelperGone),
                 Err(e) if e.is_violation() => {
                     tracing::warn!(error = %e, "unreadable helper event");
-                    return Err(Error::NoStatus);
+                    return Err(Error::HelperProtocol(e));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -246,8 +262,13 @@ impl Launched {
                 Ok(())
             }
             Event::SetupFailed { step, error } => Err(Error::Setup { step, error }),
-            _ => Err(Error::NoStatus),
+            other => Err(Error::Unexpected(other.name(), "that the init started")),
         }
+    }
+
+    /// Whom a [`Drive`] signals.
+    fn target(&self) -> Target {
+        Target { init: self.init_pid, helper: self.helper_pid }
     }
 }
 
@@ -288,13 +309,13 @@ pub async fn run_ended(
     program: &mut Channel<tokio::net::UnixStream>,
     report: &mut Channel<tokio::net::unix::pipe::Receiver>,
     run_id: &str,
-) -> Event {
+) -> Exit {
     let mut listening = true;
     loop {
         tokio::select! {
             claim = program.recv::<RunClaim>(), if listening => {
                 match claim {
-                    Ok(Some(RunClaim::ExitCode(code))) if ACCEPT_CLAIMS => return Event::Exited { code: i32::from(code) },
+                    Ok(Some(RunClaim::ExitCode(code))) if ACCEPT_CLAIMS => return Exit::Exited(i32::from(code)),
                     Ok(Some(_)) | Ok(None) => {}
                     Err(e) if e.is_violation() => {
                         tracing::info!(run_id, error = %e, "a pooled run's socket broke the protocol; how it ended comes from its outer process");
@@ -305,22 +326,34 @@ pub async fn run_ended(
                 let _ = program.get_mut().shutdown().await;
             }
             ended = report.recv::<Report>() => return match ended {
-                Ok(Some(Report::ExitCode(code))) => Event::Exited { code },
-                Ok(Some(Report::Signal(signal))) => Event::Signaled { signal },
+                Ok(Some(Report::Ended(exit))) => exit,
                 Ok(Some(Report::Failed { step, .. })) => {
                     tracing::warn!(run_id, step = %channel::excerpt(step.as_bytes()), "a pooled run's init failed after the run had its code; taken as killed");
-                    Event::InitKilled { signal: libc::SIGKILL }
+                    Exit::KILLED
                 }
                 // Its outer process is gone (killed with the template).
-                Ok(None) | Err(_) => Event::InitKilled { signal: libc::SIGKILL },
+                Ok(None) | Err(_) => Exit::KILLED,
             },
         }
     }
 }
 
+/// How the sandbox's side ended a run, as [`drive`] heard it.
+enum Heard {
+    /// How the program ended: from its helper ([`Event::Ended`], or the signal that
+    /// killed its init), or from its own report (`done`).
+    Exit(Exit),
+    /// Its sandbox could not be built.
+    Failed { step: String, error: String },
+    /// The helper said nothing more, or something else.
+    Lost(Error),
+}
+
 /// Supervise a launched sandbox until its program ends, the limit or a cancel
-/// kills it, or `done` (a pooled run's own report) says how it ended.
-pub async fn drive(
+/// kills it, or `done` (a pooled run's own report) says how it ended. Signals go
+/// through `kill` (the daemon's: [`super::process::signal`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn drive<K: Kill>(
     sandbox: &mut Launched,
     run: &Bounds,
     chunks: Option<mpsc::Sender<Chunk>>,
@@ -328,119 +361,91 @@ pub async fn drive(
     started: Instant,
     mut started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
     done: Option<Done<'_>>,
+    kill: K,
 ) -> Result<Ended, Error> {
     let receiver = |fd: Option<OwnedFd>| fd.and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok());
     let (out, err) = (receiver(sandbox.stdout.take()), receiver(sandbox.stderr.take()));
     let readers = [
-        tokio::spawn(output::capture(out, StreamKind::Stdout, run.output_limit, chunks.clone())),
-        tokio::spawn(output::capture(err, StreamKind::Stderr, run.output_limit, chunks)),
+        tokio::spawn(output::capture(out, Stream::Stdout, run.output_limit, chunks.clone())),
+        tokio::spawn(output::capture(err, Stream::Stderr, run.output_limit, chunks)),
     ];
     let mut done_open = done.is_some();
     let mut done: Done<'_> = done.unwrap_or_else(|| Box::pin(std::future::pending()));
-
-    let deadline = tokio::time::sleep(run.timeout);
-    tokio::pin!(deadline);
-    let mut timed_out = false;
-    let mut cancelled = false;
-    let mut term_sent_at: Option<Instant> = None;
-    let mut final_event: Option<Event> = None;
+    // The init forwards SIGTERM to every process in the sandbox.
+    let mut drive = Drive::new(kill, run.timeout, run.grace, nix::sys::signal::Signal::SIGTERM);
+    drive.retarget(sandbox.target());
     let mut init_started = None;
 
-    loop {
-        let grace_left = term_sent_at.map(|t| run.grace.saturating_sub(t.elapsed()));
-        let (init_pid, helper_pid) = (sandbox.init_pid, sandbox.helper_pid);
+    let heard = loop {
         tokio::select! {
-            event = sandbox.next_event() => match event {
-                Ok(Event::Started { init_pid: pid }) => {
-                    tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
-                    sandbox.init_pid = Some(pid);
-                    init_started = Some(started.elapsed());
-                    if let Some(tx) = started_tx.take() {
-                        let _ = tx.send(pid);
+            event = sandbox.next_event() => {
+                // The helper's pid comes as bookkeeping: known from now on.
+                drive.retarget(sandbox.target());
+                match event {
+                    Ok(Event::Started { init_pid: pid }) => {
+                        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
+                        sandbox.init_pid = Some(pid);
+                        init_started = Some(started.elapsed());
+                        if let Some(tx) = started_tx.take() {
+                            let _ = tx.send(pid);
+                        }
+                        // A cancel (or a kill at the limit) that came before the
+                        // sandbox said who its init is reached at most its helper:
+                        // the drive kills the init now.
+                        drive.retarget(sandbox.target());
                     }
-                    // A cancel (or a timeout without grace) that came before the
-                    // sandbox said who its helper and init are killed nothing: the
-                    // init is known now.
-                    if cancelled || (timed_out && term_sent_at.is_none()) {
-                        kill_all(Some(pid), sandbox.helper_pid);
+                    Ok(e) => {
+                        tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "program ended");
+                        break match e {
+                            Event::Ended { exit } => Heard::Exit(exit),
+                            Event::InitKilled { signal } => Heard::Exit(Exit::Signaled(signal)),
+                            Event::SetupFailed { step, error } => Heard::Failed { step, error },
+                            other => Heard::Lost(Error::Unexpected(other.name(), "how the program ended")),
+                        };
                     }
+                    Err(e) => break Heard::Lost(e),
                 }
-                Ok(e) => {
-                    tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "program ended");
-                    final_event = Some(e);
-                    break;
-                }
-                Err(_) => break,
             },
             ended = &mut done, if done_open => match ended {
                 // The program reported its own end, after closing its output: the run
                 // is over, and the rest of the sandbox is killed.
-                Some(event) => {
-                    final_event = Some(event);
-                    kill_all(init_pid, helper_pid);
-                    break;
+                Some(exit) => {
+                    drive.kill();
+                    break Heard::Exit(exit);
                 }
                 // A template's fork has no helper to report for it: its socket closing
                 // without a word means its processes are gone.
-                None if sandbox.control.is_none() => {
-                    final_event = Some(Event::InitKilled { signal: libc::SIGKILL });
-                    break;
-                }
+                None if sandbox.control.is_none() => break Heard::Exit(Exit::KILLED),
                 None => done_open = false,
             },
-            _ = &mut deadline, if !timed_out && !cancelled => {
-                timed_out = true;
-                match init_pid {
-                    // The init forwards SIGTERM to every process in the sandbox.
-                    Some(pid) if !run.grace.is_zero() => {
-                        signal(pid, nix::sys::signal::Signal::SIGTERM);
-                        term_sent_at = Some(Instant::now());
-                    }
-                    _ => kill_all(init_pid, helper_pid),
-                }
-            },
-            _ = tokio::time::sleep(grace_left.unwrap_or(Duration::MAX)), if grace_left.is_some() => {
-                term_sent_at = None;
-                kill_all(init_pid, helper_pid);
-            },
-            changed = cancel.changed(), if !cancelled && !timed_out => {
+            _ = drive.tick() => {},
+            changed = cancel.changed(), if drive.running() => {
                 if changed.is_err() || *cancel.borrow() {
-                    cancelled = true;
-                    kill_all(init_pid, helper_pid);
+                    drive.cancel();
                 }
             },
         }
-    }
-    let (init_pid, helper_pid) = (sandbox.init_pid, sandbox.helper_pid);
-    // Without a final event (the helper's socket ended), nothing of the sandbox may
-    // live on. After one, its teardown is not waited for: what is left of it is
-    // killed with the rest of the slot's processes after the run.
-    if final_event.is_none() {
-        kill_all(init_pid, helper_pid);
-        if let Some(pid) = helper_pid {
-            signal(pid, nix::sys::signal::Signal::SIGKILL);
-        }
+    };
+    // Without how the program ended (the helper's socket ended), nothing of the
+    // sandbox may live on. After it, its teardown is not waited for: what is left
+    // of it is killed with the rest of the slot's processes after the run.
+    if matches!(heard, Heard::Lost(_)) {
+        drive.kill_everything();
     }
     let [out, err] = readers;
     let stdout = out.await.unwrap_or_default();
     let stderr = err.await.unwrap_or_default();
     let duration = started.elapsed();
-
-    let (exit_code, signal) = match final_event {
-        Some(Event::Exited { code }) => (Some(code), None),
-        Some(Event::Signaled { signal }) | Some(Event::InitKilled { signal }) => (None, Some(signal)),
-        Some(Event::SetupFailed { step, error }) => return Err(Error::Setup { step, error }),
-        _ => {
-            if timed_out || cancelled {
-                (None, Some(libc::SIGKILL))
-            } else {
-                return Err(Error::NoStatus);
-            }
-        }
+    let (timed_out, cancelled) = (drive.timed_out(), drive.cancelled());
+    let exit = match heard {
+        Heard::Exit(exit) => exit,
+        Heard::Failed { step, error } => return Err(Error::Setup { step, error }),
+        // The daemon killed it: that is how it ended.
+        Heard::Lost(_) if timed_out || cancelled => Exit::KILLED,
+        Heard::Lost(e) => return Err(e),
     };
     Ok(Ended {
-        exit_code,
-        signal,
+        exit,
         timed_out,
         cancelled,
         duration,
@@ -452,52 +457,4 @@ pub async fn drive(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A cancel that comes before the helper has said which process is the
-    /// sandbox's init (a DELETE right after a run was accepted) once killed
-    /// nothing, and the run went on to its end.
-    #[tokio::test]
-    async fn a_cancel_before_the_init_is_known_still_kills_it() {
-        let (ours, theirs) = socket_pair().unwrap();
-        let init = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let pid = init.id() as i32;
-        let mut sandbox = Launched {
-            control: Some(Channel::new(ours, HELPER_LINE)),
-            stdout: None,
-            stderr: None,
-            helper_pid: None,
-            init_pid: None,
-            warnings: vec![],
-        };
-        let (cancel_tx, mut cancel) = watch::channel(false);
-        cancel_tx.send(true).unwrap();
-        // The helper's side: the init started; its end is reported once it died
-        // (it stays a zombie of this test until waited for), or after 10 s.
-        let helper = tokio::spawn(async move {
-            theirs.set_nonblocking(true).unwrap();
-            let mut control = Channel::new(tokio::net::UnixStream::from_std(theirs).unwrap(), HELPER_LINE);
-            control.send(&Event::Started { init_pid: pid }).await.unwrap();
-            let dead = || {
-                std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-                    .unwrap_or(true)
-            };
-            for _ in 0..100 {
-                if dead() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            control.send(&Event::Signaled { signal: libc::SIGKILL }).await.unwrap();
-        });
-        let bounds =
-            Bounds { id: "r".into(), timeout: Duration::from_secs(60), grace: Duration::ZERO, output_limit: 10 };
-        let ended = drive(&mut sandbox, &bounds, None, &mut cancel, Instant::now(), None, None).await.unwrap();
-        helper.await.unwrap();
-        assert!(ended.cancelled);
-        let status = { init }.wait().unwrap();
-        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{status:?}");
-    }
-}
+mod tests;

@@ -4,6 +4,7 @@
 
 use super::{signal_name, Ending};
 use crate::isolate;
+use crate::isolate::message::Exit;
 use crate::kernel::Cutoff;
 use crate::model::run::Status;
 
@@ -11,8 +12,7 @@ use crate::model::run::Status;
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Death {
     pub status: Status,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
+    pub exit: Exit,
     /// What happened, for the cell's stderr.
     pub why: String,
 }
@@ -25,30 +25,17 @@ impl Death {
     /// daemon killed, as SIGKILL.
     pub fn of(cut: &Cutoff, outcome: Option<&isolate::Outcome>) -> Death {
         let oom = outcome.is_some_and(|o| o.oom_killed);
-        /// How the kernel ended on its own, when its sandbox said so before anything killed it.
-        #[derive(Clone, Copy)]
-        enum Own {
-            Exited(i32),
-            Killed(i32),
-        }
+        // How the kernel ended on its own, when its sandbox said so before anything killed it.
         let own = match (cut, outcome) {
-            (Cutoff::Gone { .. }, Some(o)) if !o.cancelled && !o.timed_out => match (o.exit_code, o.signal) {
-                (Some(code), None) => Some(Own::Exited(code)),
-                (None, Some(signal)) => Some(Own::Killed(signal)),
-                _ => None,
-            },
+            (Cutoff::Gone { .. }, Some(o)) if !o.cancelled && !o.timed_out => Some(o.exit),
             _ => None,
         };
-        let (exit_code, signal) = match own {
-            Some(Own::Exited(code)) => (Some(code), None),
-            Some(Own::Killed(signal)) => (None, Some(signal)),
-            None => (None, Some(libc::SIGKILL)),
-        };
+        let exit = own.unwrap_or(Exit::KILLED);
         let status = Ending {
             timed_out: cut.timed_out(),
             oom_killed: oom,
             violation: cut.violation().is_some(),
-            killed: signal.is_some(),
+            killed: exit.signal().is_some(),
             succeeded: false,
         }
         .status();
@@ -62,12 +49,12 @@ impl Death {
             "the run was stopped".to_string()
         } else {
             match own {
-                Some(Own::Exited(code)) => format!("the kernel exited with code {code}"),
-                Some(Own::Killed(signal)) => format!("the kernel was killed by {}", signal_name(signal)),
+                Some(Exit::Exited(code)) => format!("the kernel exited with code {code}"),
+                Some(Exit::Signaled(signal)) => format!("the kernel was killed by {}", signal_name(signal)),
                 None => "the kernel died".to_string(),
             }
         };
-        Death { status, exit_code, signal, why }
+        Death { status, exit, why }
     }
 }
 
@@ -78,9 +65,12 @@ mod tests {
 
     /// How a kernel's sandbox ended: exited with `code` or killed by `signal`.
     fn ended(exit_code: Option<i32>, signal: Option<i32>, cancelled: bool, oom_killed: bool) -> isolate::Outcome {
+        let exit = match (exit_code, signal) {
+            (Some(code), _) => Exit::Exited(code),
+            (None, signal) => Exit::Signaled(signal.unwrap_or(libc::SIGKILL)),
+        };
         isolate::Outcome {
-            exit_code,
-            signal,
+            exit,
             timed_out: false,
             oom_killed,
             cancelled,
@@ -99,7 +89,7 @@ mod tests {
         let gone = Cutoff::Gone { interrupted: false };
         let death = |cut: &Cutoff, o: Option<isolate::Outcome>| {
             let d = Death::of(cut, o.as_ref());
-            (d.status, d.exit_code, d.signal, d.why)
+            (d.status, d.exit.code(), d.exit.signal(), d.why)
         };
         let (nine, segv) = (Some(libc::SIGKILL), Some(libc::SIGSEGV));
         // Exited (kernel.py's own failure is 70), or killed by a signal of its own.
