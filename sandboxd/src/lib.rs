@@ -1,12 +1,13 @@
 //! sandboxd: runs untrusted, LLM-generated Python natively on Linux, in fresh
 //! namespaces under cgroup limits, Landlock and seccomp, and serves the results.
 //!
-//! Reading order for one request: [`api`] (routes, auth, errors, MCP tools) →
+//! Reading order for one request: [`api`] (routes, auth, errors, MCP) or [`tools`] (the tools a model calls) →
 //! [`service`] (the typed operations) → [`run`] (one run from request to result) → [`isolate`] (the sandbox itself) → back through
 //! [`artifacts`] to the result. [`daemon`] starts and stops it all.
 
 pub mod api;
 pub mod artifacts;
+pub mod bridge;
 pub mod check;
 pub mod client;
 pub mod config;
@@ -17,8 +18,6 @@ pub mod isolate;
 pub mod kernel;
 pub mod listing;
 pub mod metrics;
-/// The MCP tools live with the other surfaces, in `api/`.
-pub use api::mcp;
 pub mod mountinfo;
 pub mod names;
 pub mod owner;
@@ -32,5 +31,6 @@ pub mod serve;
 pub mod service;
 pub mod session;
 pub mod storage;
+pub mod tools;
 pub mod uids;
 pub mod workspace;

@@ -3,9 +3,12 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+/// An error's code, as the envelope names it (`as_str`; serde reads and writes the
+/// same names). A client that reads a code this build does not know keeps its
+/// text ([`crate::client::ErrorCode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Code {
     InvalidRequest,
@@ -64,6 +67,11 @@ impl Code {
             Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
+    }
+
+    /// The code named `name`, if this build knows it.
+    pub fn parse(name: &str) -> Option<Code> {
+        serde_json::from_value(serde_json::Value::String(name.to_string())).ok()
     }
 
     pub fn as_str(self) -> &'static str {
@@ -275,6 +283,46 @@ mod tests {
     fn answer(e: S) -> (u16, &'static str) {
         let e = ApiError::from(e);
         (e.code.status().as_u16(), e.code.as_str())
+    }
+
+    /// serde reads every code by the name `as_str` gives it (a client parses the
+    /// envelope with it); a name it does not know is no code.
+    #[test]
+    fn codes_read_back_by_their_names() {
+        use Code::*;
+        let all = [
+            InvalidRequest,
+            InvalidSessionId,
+            InvalidPath,
+            PolicyNotFound,
+            Unauthorized,
+            Forbidden,
+            SessionNotFound,
+            RunNotFound,
+            NotFound,
+            MethodNotAllowed,
+            FileExists,
+            FileBusy,
+            SessionExists,
+            SessionBusy,
+            CodeTooLarge,
+            UploadTooLarge,
+            ArtifactTooLarge,
+            UnsupportedMediaType,
+            RequestTimeout,
+            MaxSessions,
+            MaxRuns,
+            MaxListings,
+            MaxConnections,
+            InsufficientStorage,
+            Unavailable,
+            Internal,
+        ];
+        for code in all {
+            assert_eq!(Code::parse(code.as_str()), Some(code));
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
+        assert_eq!(Code::parse("package_install_failed"), None);
     }
 
     /// The one mapping: each module's error becomes the HTTP answer the API has always given.
