@@ -638,3 +638,19 @@ async fn health_says_what_is_degraded() {
     assert_eq!(degraded["status"], "degraded");
     assert_eq!(degraded["problems"], json!([{"name": "rootfs", "found": "not mounted", "fix": "restart"}]));
 }
+
+/// `/mcp` is served on the Unix socket as on HTTP (`sandboxctl mcp` bridges to it).
+#[tokio::test]
+async fn mcp_answers_on_the_unix_socket() {
+    let memory = Arc::new(Memory::default());
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+        "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let req = request(Method::POST, "/mcp")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .body(Body::from(init.to_string()))
+        .unwrap();
+    let resp = send(&unix(&memory), req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers().contains_key("mcp-session-id"));
+}
