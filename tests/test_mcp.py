@@ -205,3 +205,18 @@ def test_kernel_sessions_through_mcp(daemon):
             assert not (await s.call_tool("close_session", {"session_id": sid})).is_error
     asyncio.run(go())
     daemon.assert_clean()
+
+
+def test_stdio_bridges_over_http_with_a_url_too(daemon):
+    """`sandboxctl --url ... mcp` bridges to /mcp over HTTP, as over the socket."""
+    async def go():
+        params = StdioServerParameters(command=str(CTL), args=["--url", daemon.url, "mcp"])
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                assert {t.name for t in (await s.list_tools()).tools} == TOOLS
+                ran = await s.call_tool("run_python", {"code": "print(6 * 7)"})
+                assert "--- stdout ---\n42" in text_of(ran), text_of(ran)
+                refused = await s.call_tool("run_python", {"code": "1", "policy": "strict"})
+                assert refused.is_error and "unknown field `policy`" in text_of(refused), text_of(refused)
+    asyncio.run(go())

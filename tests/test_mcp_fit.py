@@ -68,3 +68,52 @@ def test_tool_arguments_are_plain_types_with_defaults(daemon):
                                                                "type": "boolean", "default": False}
     # The default (0) is the session policy's limit.
     assert not ran.is_error and "3" in text_of(ran), text_of(ran)
+
+
+LOUD = 'description = "lots of output"\noutput_kb = 2048\nworkspace_mb = 64\nmax_artifacts = 5000\n'
+
+
+def serialized(result):
+    return len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+
+
+def test_every_answer_fits_one_mib_and_says_what_was_cut(fresh_daemon):
+    """A run with 2 MiB of output (a policy's output_kb = 2048), a file of 3 MB,
+    a binary of 2 MB and a workspace of 6,000 files, through the official SDK over
+    both transports: each answer is under 1 MiB, and says what it left out and
+    where the rest is."""
+    d = fresh_daemon(policies={"loud": LOUD})
+    make = (
+        "import os\n"
+        "open('big.txt', 'w').write(''.join(f'line {i}\\n' for i in range(300000)))\n"
+        "open('big.bin', 'wb').write(bytes(range(128, 256)) * 16000)\n"
+        "os.makedirs('many')\n"
+        "for i in range(6000):\n    open('many/' + 'n' * 150 + f'{i:05}', 'w').close()\n"
+        "print('x' * 2000000)\n"
+    )
+
+    async def go(transport):
+        async with connect(d, transport) as s:
+            created = await s.call_tool("create_session", {"policy": "loud"})
+            sid = next(l for l in text_of(created).splitlines() if l.startswith("session_id:")).split(":", 1)[1].strip()
+            run = await s.call_tool("run_python", {"session_id": sid, "code": make})
+            text = text_of(run)
+            assert serialized(run) < ONE_MIB, serialized(run)
+            assert "--- stdout (cut: the first " in text and "of its 2000001 bytes shown" in text, text[:300]
+            assert "more files not listed here" in text, text[-500:]
+            read = await s.call_tool("read_file", {"session_id": sid, "path": "big.txt"})
+            assert not read.is_error and serialized(read) < ONE_MIB, serialized(read)
+            assert "line 0\n" in text_of(read) and "big.txt's" in text_of(read) and f"sandboxctl files get {sid}" in text_of(read)
+            binary = await s.call_tool("read_file", {"session_id": sid, "path": "big.bin"})
+            assert binary.is_error and serialized(binary) < ONE_MIB
+            assert text_of(binary).startswith("error artifact_too_large: big.bin is 2048000 bytes"), text_of(binary)
+            assert f"/v1/sessions/{sid}/files/big.bin" in text_of(binary)
+            listed = await s.call_tool("list_files", {"session_id": sid})
+            assert not listed.is_error and serialized(listed) < ONE_MIB, serialized(listed)
+            shown = json.loads(listed.content[0].text)
+            assert 100 < len(shown) < 6002, len(shown)
+            assert f"{len(shown)} of 6002 files shown, {6002 - len(shown)} more not shown" in text_of(listed), text_of(listed)[-300:]
+            assert not (await s.call_tool("close_session", {"session_id": sid})).is_error
+
+    for transport in ["http", "stdio"]:
+        asyncio.run(go(transport))

@@ -4,6 +4,7 @@
 //! breaks the build, not a user.
 
 use crate::model::check::Report;
+use crate::model::error::Code;
 use crate::model::files::FileEntry;
 use crate::model::policy::PolicyLimits;
 use crate::model::records::{RunPage, RunRecord};
@@ -17,6 +18,33 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use std::path::PathBuf;
 
+/// An API error's code: one this build knows, or the text of one it does not (a
+/// newer daemon's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorCode {
+    Known(Code),
+    Unknown(String),
+}
+
+impl ErrorCode {
+    pub fn parse(name: &str) -> ErrorCode {
+        Code::parse(name).map(ErrorCode::Known).unwrap_or_else(|| ErrorCode::Unknown(name.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorCode::Known(c) => c.as_str(),
+            ErrorCode::Unknown(name) => name,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot reach sandboxd at {0}: {1} (is the daemon running? see --socket / --url)")]
@@ -24,7 +52,7 @@ pub enum ClientError {
     #[error("talking to sandboxd: {0}")]
     Http(String),
     #[error("{message} ({code})")]
-    Api { status: u16, code: String, message: String },
+    Api { status: u16, code: ErrorCode, message: String },
     #[error("{0}")]
     Local(String),
     /// The answer's body is larger than the caller accepts (nothing more was read).
@@ -55,6 +83,18 @@ impl Client {
         body: Vec<u8>,
         content_type: &str,
     ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
+        self.open_with(method, path, body, content_type, &[]).await
+    }
+
+    /// [`Client::open`] with more request headers.
+    pub async fn open_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let (host, mut sender) = match &self.url {
             Some(url) => {
                 let authority = url
@@ -80,6 +120,9 @@ impl Client {
             Request::builder().method(method).uri(path).header("host", host).header("content-type", content_type);
         if let Some(t) = &self.token {
             req = req.header("authorization", format!("Bearer {t}"));
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         let req = req.body(Full::new(Bytes::from(body))).map_err(|e| ClientError::Http(e.to_string()))?;
         sender.send_request(req).await.map_err(|e| ClientError::Http(e.to_string()))
@@ -227,7 +270,7 @@ fn api_error(status: u16, body: &[u8]) -> ClientError {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
     ClientError::Api {
         status,
-        code: v["error"]["code"].as_str().unwrap_or("http_error").to_string(),
+        code: ErrorCode::parse(v["error"]["code"].as_str().unwrap_or("http_error")),
         message: v["error"]["message"].as_str().map(str::to_string).unwrap_or_else(|| format!("HTTP {status}")),
     }
 }
@@ -299,5 +342,25 @@ mod tests {
         // A listing's text form reaches the raw bytes it stands for.
         assert_eq!(file("a\\xffb/c\\\\d"), "a%FFb/c%5Cd");
         assert_eq!(file("stray\\q"), "stray%5Cq");
+    }
+
+    #[test]
+    fn error_codes_are_typed_and_unknown_ones_kept() {
+        let body = br#"{"error":{"code":"session_busy","message":"busy"}}"#;
+        match api_error(409, body) {
+            ClientError::Api { status: 409, code: ErrorCode::Known(Code::SessionBusy), message } => {
+                assert_eq!(message, "busy")
+            }
+            other => panic!("{other:?}"),
+        }
+        let newer = api_error(422, br#"{"error":{"code":"package_install_failed","message":"pip: no"}}"#);
+        assert!(
+            matches!(&newer, ClientError::Api { code: ErrorCode::Unknown(c), .. } if c == "package_install_failed")
+        );
+        assert_eq!(newer.to_string(), "pip: no (package_install_failed)");
+        let bare = api_error(502, b"<html>");
+        assert!(
+            matches!(bare, ClientError::Api { code: ErrorCode::Unknown(c), message, .. } if c == "http_error" && message == "HTTP 502")
+        );
     }
 }

@@ -189,6 +189,7 @@ async fn serve_with(
             per_token: config.token_mcp_max_sessions,
             idle: Duration::from_secs(config.mcp_session_idle_s),
         },
+        mcp: Default::default(),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);

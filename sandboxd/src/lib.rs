@@ -1,7 +1,7 @@
 //! sandboxd: runs untrusted, LLM-generated Python natively on Linux, in fresh
 //! namespaces under cgroup limits, Landlock and seccomp, and serves the results.
 //!
-//! Reading order for one request: [`api`] (routes, auth, errors, MCP tools) →
+//! Reading order for one request: [`api`] (routes, auth, errors, MCP) or [`tools`] (the tools a model calls) →
 //! [`service`] (the typed operations) → [`run`] (one run from request to result) → [`isolate`] (the sandbox itself) → back through
 //! [`artifacts`] to the result. [`daemon`] starts and stops it all.
 //! What crosses the API, MCP and the CLI (requests, answers, their schemas) is
@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod artifacts;
+pub mod bridge;
 pub mod check;
 pub mod client;
 pub mod config;
@@ -20,8 +21,6 @@ pub mod kernel;
 pub mod listing;
 pub mod metrics;
 pub mod model;
-/// The MCP tools live with the other surfaces, in `api/`.
-pub use api::mcp;
 pub mod mountinfo;
 pub mod names;
 pub mod owner;
@@ -35,5 +34,6 @@ pub mod serve;
 pub mod service;
 pub mod session;
 pub mod storage;
+pub mod tools;
 pub mod uids;
 pub mod workspace;

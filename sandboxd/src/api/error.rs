@@ -191,6 +191,46 @@ mod tests {
         (http_status(e.code).as_u16(), e.code.as_str())
     }
 
+    /// serde reads every code by the name `as_str` gives it (a client parses the
+    /// envelope with it); a name it does not know is no code.
+    #[test]
+    fn codes_read_back_by_their_names() {
+        use Code::*;
+        let all = [
+            InvalidRequest,
+            InvalidSessionId,
+            InvalidPath,
+            PolicyNotFound,
+            Unauthorized,
+            Forbidden,
+            SessionNotFound,
+            RunNotFound,
+            NotFound,
+            MethodNotAllowed,
+            FileExists,
+            FileBusy,
+            SessionExists,
+            SessionBusy,
+            CodeTooLarge,
+            UploadTooLarge,
+            ArtifactTooLarge,
+            UnsupportedMediaType,
+            RequestTimeout,
+            MaxSessions,
+            MaxRuns,
+            MaxListings,
+            MaxConnections,
+            InsufficientStorage,
+            Unavailable,
+            Internal,
+        ];
+        for code in all {
+            assert_eq!(Code::parse(code.as_str()), Some(code));
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
+        assert_eq!(Code::parse("package_install_failed"), None);
+    }
+
     /// The one mapping: each module's error becomes the HTTP answer the API has always given.
     #[test]
     fn service_errors_map_to_their_http_answers() {

@@ -6,7 +6,7 @@
 //! ([`tokens`]) and claims the connection for it, a handler in [`runs`],
 //! [`sessions`] or [`files`] reads the input and calls [`crate::service`], which
 //! runs the code through [`crate::run`] and [`crate::isolate`]. The MCP tools
-//! ([`mcp`], at `/mcp`) call the same service. Every error is an
+//! ([`crate::tools`], served by [`mcp`] at `/mcp`) call the same service. Every error is an
 //! [`error::ApiError`]; the service's errors are mapped to them in `error.rs`.
 
 pub mod error;
@@ -26,7 +26,6 @@ pub mod tokens;
 use crate::model::check::Report;
 use crate::model::error::Code;
 use crate::model::health::Health;
-use crate::model::policy::PolicyLimits;
 use crate::service::Operations;
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -61,6 +60,8 @@ pub struct AppState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// How many MCP protocol sessions `/mcp` holds, and for how long.
     pub mcp_sessions: mcp::SessionLimits,
+    /// What both listeners' `/mcp` share, made by the first router built.
+    pub mcp: std::sync::OnceLock<mcp::McpState>,
 }
 
 pub type Shared = Arc<AppState>;
@@ -68,39 +69,32 @@ pub type Shared = Arc<AppState>;
 pub use crate::service::Caller;
 
 /// MCP over streamable HTTP: the tools call the service in-process, as the caller
-/// the [`auth`] layer found for each request. Protocol sessions are held within
-/// `state.mcp_sessions` and bound to the token that made them ([`mcp::protocol`]).
+/// the [`auth`] layer found for each request. Both listeners serve one set of
+/// protocol sessions ([`mcp::McpState`], made by the first router), held within
+/// `state.mcp_sessions` and bound to the token that made them ([`mcp::protocol`]);
+/// each listener's service checks its own host names.
 fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::MethodRouter<Shared> {
     use rmcp::transport::streamable_http_server::StreamableHttpService;
-    let backend = mcp::Backend::Local(state.service.clone());
-    let limits = state.service.policy(None).map(|p| PolicyLimits::from(&*p)).ok();
+    let shared = state.mcp.get_or_init(|| mcp::McpState::new(&state.service, state.mcp_sessions, &state.shutdown));
     let mut config = rmcp::transport::StreamableHttpServerConfig::default();
     config.cancellation_token = state.shutdown.child_token();
-    // The surface guard checked Host and Origin already; rmcp checks the names again.
+    // The surface guard checked Host and Origin already; rmcp checks the names
+    // again (none on the Unix socket, which no browser reaches).
     config = config.with_allowed_hosts(surface.host_names());
-    let sessions = mcp::protocol::Registry::new(state.mcp_sessions);
-    let manager = mcp::protocol::Bound::new(sessions.clone());
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(mcp::protocol::reap(sessions.clone(), manager.sessions(), state.shutdown.child_token()));
-    }
-    let service = StreamableHttpService::new(
-        move || Ok(mcp::SandboxMcp::new(backend.clone(), limits.as_ref())),
-        manager.into(),
-        config,
-    );
-    axum::routing::any_service(service).layer(axum::middleware::from_fn_with_state(sessions, mcp::protocol::guard))
+    let tools = shared.tools.clone();
+    let service =
+        StreamableHttpService::new(move || Ok(mcp::SandboxMcp::new(tools.clone())), shared.manager.clone(), config);
+    axum::routing::any_service(service)
+        .layer(axum::middleware::from_fn_with_state(shared.sessions.clone(), mcp::protocol::guard))
 }
 
 /// The router for one listener (the surface says which, and what it accepts).
-/// MCP (`/mcp`) is served on HTTP only; stdio clients use `sandboxctl mcp`, which
-/// talks to the socket.
+/// MCP (`/mcp`) is served on both; stdio clients use `sandboxctl mcp`, which
+/// bridges them to it.
 pub fn router(state: Shared, surface: surface::Surface) -> Router {
     let listener = surface.listener();
-    let mut api = Router::new();
-    if listener == Listener::Http {
-        api = api.route("/mcp", mcp_service(&state, &surface));
-    }
-    let api = api
+    let api = Router::new()
+        .route("/mcp", mcp_service(&state, &surface))
         .route("/v1/runs", post(runs::create_run))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
         .route("/v1/sessions/{id}", get(sessions::show).delete(sessions::close))

@@ -4,7 +4,7 @@
 use super::error::ApiError;
 use super::error::{Path, Query};
 use super::{read_json, Caller, Shared};
-use crate::isolate::output::{Chunk, StreamKind};
+use crate::isolate::output::{Chunk, Stream};
 use crate::model::error::Code;
 use crate::model::records::{RunPage, RunRecord};
 use crate::model::run::{RunRequest, RunResult};
@@ -150,8 +150,8 @@ fn event_stream(
             StreamState::Output(mut rx, done) => match rx.recv().await {
                 Some(chunk) => {
                     let name = match chunk.stream {
-                        StreamKind::Stdout => "stdout",
-                        StreamKind::Stderr => "stderr",
+                        Stream::Stdout => "stdout",
+                        Stream::Stderr => "stderr",
                     };
                     let data = serde_json::json!({"text": chunk.text}).to_string();
                     Some((Ok(Event::default().event(name).data(data)), StreamState::Output(rx, done)))

@@ -349,15 +349,10 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
     }
 }
 
-/// The stdio MCP server, until the client closes stdin. Its tools call the daemon
-/// through `client`; their descriptions state the daemon's default policy.
+/// The stdio MCP server, until the client closes stdin: a bridge to the daemon's
+/// `/mcp` ([`sandboxd::bridge`]).
 async fn serve_mcp(client: Client) -> Result<(), String> {
-    use rmcp::ServiceExt;
-    let limits = client.policies().await.ok().and_then(|p| p.into_iter().find(|p| p.name == "default"));
-    let mcp = sandboxd::mcp::SandboxMcp::new(sandboxd::mcp::Backend::Remote(client), limits.as_ref());
-    let server = mcp.serve(rmcp::transport::stdio()).await.map_err(|e| e.to_string())?;
-    server.waiting().await.map_err(|e| e.to_string())?;
-    Ok(())
+    sandboxd::bridge::run(client).await
 }
 
 /// The program's exit code; 124 for a timeout (as `timeout(1)`), 128+N for signal N.

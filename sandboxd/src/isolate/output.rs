@@ -7,10 +7,6 @@ use tokio::sync::mpsc;
 
 pub use super::message::Stream;
 
-/// The name `api/` still uses for [`Stream`]: the same type (remove once `api/`
-/// names it `Stream`).
-pub type StreamKind = Stream;
-
 /// A piece of output for streaming clients, already decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {

@@ -1,9 +1,12 @@
 //! The error envelope as callers get it: `{"error":{"code":"...","message":"..."}}`
 //! (the HTTP status each code is answered with is the API's: `api/error.rs`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+/// An error's code, as the envelope names it (`as_str`; serde reads and writes the
+/// same names). A client that reads a code this build does not know keeps its
+/// text (`crate::client::ErrorCode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Code {
     InvalidRequest,
@@ -45,6 +48,11 @@ pub enum Code {
 }
 
 impl Code {
+    /// The code named `name`, if this build knows it.
+    pub fn parse(name: &str) -> Option<Code> {
+        serde_json::from_value(serde_json::Value::String(name.to_string())).ok()
+    }
+
     pub fn as_str(self) -> &'static str {
         use Code::*;
         match self {

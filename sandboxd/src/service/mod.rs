@@ -11,6 +11,8 @@
 //! `ops.rs` implements every operation on [`Service`], once; `files.rs` and
 //! `records.rs` hold what the file and the run-record operations share.
 
+#[cfg(test)]
+pub(crate) mod fake;
 mod files;
 mod ops;
 mod records;

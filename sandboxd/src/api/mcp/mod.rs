@@ -1,96 +1,102 @@
-//! MCP: sandboxd's tools for LLM clients (rmcp, the official Rust SDK).
+//! MCP: sandboxd's tools for LLM clients (rmcp, the official Rust SDK), served
+//! over streamable HTTP at `/mcp` on both listeners (HTTP and the Unix socket;
+//! `sandboxctl mcp` bridges stdio clients to it, [`crate::bridge`]).
 //!
-//! One tool server, [`SandboxMcp`], served two ways: over streamable HTTP at `/mcp`
-//! on the daemon's HTTP listener, where the tools call [`crate::service`]
-//! in-process as the caller the API's auth layer found ([`Backend::Local`]), and
-//! over stdio by `sandboxctl mcp` (for clients that start a command), where they
-//! call the daemon's API with the typed [`Client`] ([`Backend::Remote`]). Either
-//! way they take and give the service's typed structs, so they behave exactly as
-//! the API does. Tool arguments are checked as typed values first: a `session_id`
-//! that is not a session id is refused with `invalid_session_id` before anything
-//! is touched, and a call that would make a session (a run or an upload without
-//! `session_id`) is checked against the policy first, so a refused call makes
-//! nothing. A failed tool call is a tool result with `isError` and the error
-//! code, never a protocol error. Tool descriptions state the limits of the
-//! daemon's default policy, read when the server starts.
+//! [`SandboxMcp`] is an adapter over the tool registry ([`crate::tools`]):
+//! `tools/list` lists the registry's tools and `tools/call` calls them, as the
+//! caller the API's auth layer found for the request, with the request's
+//! cancellation and progress token. A failed tool call is a tool result with
+//! `isError` and the error code, never a protocol error; an unknown tool's name
+//! is a protocol error (invalid params), as in rmcp's own router.
 //!
-//! By role: [`tools`] (the tools and their arguments), `call` (one call's way to
-//! either backend, and its failures), `render` (what a model reads: run results,
-//! descriptions, schemas), [`images`] (figures fitted to a result) and
-//! [`protocol`] (the protocol sessions of `/mcp`: bounded, bound to their token).
+//! [`protocol`] holds the protocol sessions of `/mcp`: bounded, bound to their token.
 
-mod call;
-pub mod images;
 pub mod protocol;
-mod render;
-pub mod tools;
 
-use crate::client::Client;
-use crate::model::policy::PolicyLimits;
-use crate::service::{Caller, Operations};
-use call::{Call, Failure};
-pub use images::{fit_image, fit_image_within, Unfit, MAX_IMAGES, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_RESULT_BYTES};
+use crate::service::Caller;
+use crate::tools::{Hints, Part, Registry, Spec, ToolOutput, Watch};
+use base64::Engine;
 pub use protocol::SessionLimits;
-pub use render::describe_run;
-use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
 use rmcp::service::RequestContext;
-use rmcp::{tool_handler, RoleServer, ServerHandler};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
 use std::sync::Arc;
 
-/// Where the tools' operations go.
-#[derive(Clone)]
-pub enum Backend {
-    /// In the daemon: the service itself, as each request's caller.
-    Local(Arc<dyn Operations>),
-    /// In `sandboxctl mcp`: the daemon's API, with the client's token.
-    Remote(Client),
+/// What every `/mcp` service of the daemon shares: the tools, the protocol
+/// sessions' places and rmcp's session manager (reaped by one task).
+pub struct McpState {
+    pub tools: Arc<Registry>,
+    pub sessions: Arc<protocol::Registry>,
+    pub manager: Arc<protocol::Bound>,
+}
+
+impl McpState {
+    /// Made once; starts [`protocol::reap`] on the current runtime, until `shutdown`.
+    pub fn new(
+        service: &Arc<dyn crate::service::Operations>,
+        limits: SessionLimits,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> McpState {
+        let default = service.policy(None).map(|p| crate::model::policy::PolicyLimits::from(&*p)).ok();
+        let tools = Arc::new(Registry::new(service.clone(), default.as_ref()));
+        let sessions = protocol::Registry::new(limits);
+        let manager = protocol::Bound::new(sessions.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(protocol::reap(sessions.clone(), manager.sessions(), shutdown.child_token()));
+        }
+        McpState { tools, sessions, manager: Arc::new(manager) }
+    }
 }
 
 #[derive(Clone)]
 pub struct SandboxMcp {
-    backend: Backend,
-    tool_router: ToolRouter<Self>,
+    tools: Arc<Registry>,
+    /// The tools as MCP lists them, made once.
+    listed: Arc<Vec<Tool>>,
 }
 
 impl SandboxMcp {
-    /// The tool server over `backend`; `default` is the daemon's default policy,
-    /// whose limits the tool descriptions state.
-    pub fn new(backend: Backend, default: Option<&PolicyLimits>) -> SandboxMcp {
-        let mut tool_router = Self::tool_router();
-        for (name, text) in render::descriptions(default) {
-            if let Some(route) = tool_router.map.get_mut(name) {
-                route.attr.description = Some(text.into());
-            }
-        }
-        for route in tool_router.map.values_mut() {
-            let mut schema = (*route.attr.input_schema).clone();
-            render::plain_schema(&mut schema);
-            route.attr.input_schema = Arc::new(schema);
-        }
-        SandboxMcp { backend, tool_router }
-    }
-
-    /// This call's way to the daemon. Over HTTP the caller is who the API's auth
-    /// layer found for the request; over stdio, the client's token speaks.
-    fn call(&self, ctx: &RequestContext<RoleServer>) -> Result<Call<'_>, Failure> {
-        let caller = match &self.backend {
-            Backend::Remote(_) => Caller { owner: None },
-            Backend::Local(_) => ctx
-                .extensions
-                .get::<axum::http::request::Parts>()
-                .and_then(|p| p.extensions.get::<Caller>())
-                .cloned()
-                .ok_or_else(|| Failure::Api {
-                    code: "unauthorized".into(),
-                    message: "the request carries no caller: send `Authorization: Bearer <token>` to /mcp".into(),
-                })?,
-        };
-        Ok(Call { backend: &self.backend, caller })
+    pub fn new(tools: Arc<Registry>) -> SandboxMcp {
+        let listed = tools.specs().iter().map(tool).collect();
+        SandboxMcp { tools, listed: Arc::new(listed) }
     }
 }
 
-#[tool_handler(router = self.tool_router)]
+/// A registry tool as MCP lists it.
+fn tool(spec: &Spec) -> Tool {
+    let Hints { read_only, destructive, idempotent, open_world } = spec.hints;
+    let annotations = ToolAnnotations::from_raw(
+        Some(spec.title.to_string()),
+        Some(read_only),
+        Some(destructive),
+        Some(idempotent),
+        Some(open_world),
+    );
+    Tool::new(spec.name, spec.description.clone(), Arc::new(spec.input_schema.clone())).annotate(annotations)
+}
+
+/// A registry result as MCP content (images in base64).
+fn result(out: ToolOutput) -> CallToolResult {
+    let content = out
+        .parts
+        .into_iter()
+        .map(|p| match p {
+            Part::Text(t) => ContentBlock::text(t),
+            Part::Image { mime, data } => {
+                ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&data), mime)
+            }
+        })
+        .collect();
+    if out.is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    }
+}
+
 impl ServerHandler for SandboxMcp {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -100,5 +106,50 @@ impl ServerHandler for SandboxMcp {
              analysis and plots; keep a session_id to reuse files between runs; upload inputs with upload_file \
              and fetch outputs with read_file.",
             )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items((*self.listed).clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.listed.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        // The caller the API's auth layer found for this request.
+        let caller =
+            ctx.extensions.get::<axum::http::request::Parts>().and_then(|p| p.extensions.get::<Caller>()).cloned();
+        let Some(caller) = caller else {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(
+                "error unauthorized: the request carries no caller: send `Authorization: Bearer <token>` to /mcp",
+            )])
+            .into());
+        };
+        let progress = ctx.meta.get_progress_token().map(|token| {
+            let peer = ctx.peer.clone();
+            let report: crate::tools::Progress = Arc::new(move |secs, message| {
+                let (peer, note) =
+                    (peer.clone(), ProgressNotificationParam::new(token.clone(), secs).with_message(message));
+                Box::pin(async move {
+                    let _ = peer.notify_progress(note).await;
+                })
+            });
+            report
+        });
+        let watch = Watch { cancelled: ctx.ct.clone(), progress };
+        let args = request.arguments.map(serde_json::Value::Object).unwrap_or(serde_json::Value::Null);
+        match self.tools.call_watched(&caller, &request.name, args, &watch).await {
+            Ok(out) => Ok(result(out).into()),
+            Err(unknown) => Err(ErrorData::invalid_params(unknown.to_string(), None)),
+        }
     }
 }

@@ -1,52 +1,50 @@
 //! What a model reads: a run's result as text, the tools' descriptions (with the
 //! default policy's limits) and their argument schemas.
 
+use super::fit::{cut, escaped_len, shares};
 use crate::model::policy::PolicyLimits;
 use crate::model::run::{ArtifactKind, RunResult, Status};
 use crate::model::session::SessionInfo;
 
-/// The tools' descriptions, with the limits of `default` (the daemon's default
-/// policy) when known.
-pub(super) fn descriptions(default: Option<&PolicyLimits>) -> [(&'static str, String); 5] {
-    let run_limits = match default {
+/// The limits of a run under `default` (the daemon's default policy), when known.
+fn run_limits(default: Option<&PolicyLimits>) -> String {
+    match default {
         Some(p) => format!(
             "Limits per run (policy {:?}, the default): {} s, {} MiB memory, {} CPU, {} KiB of output per stream.",
             p.name, p.timeout_s, p.memory_mb, p.cpus, p.output_kb
         ),
         None => "Limits per run: the session policy's (time, memory, CPU, output per stream).".to_string(),
-    };
+    }
+}
+
+pub(super) fn run_python(default: Option<&PolicyLimits>) -> String {
+    format!("Run Python 3.11 code in a fresh, isolated Linux sandbox (no network) and return its status, exit code, stdout, stderr and the files it created or changed. The working directory is the session's workspace: files persist between runs of the same session (pass session_id; omit it to start a new session, whose id is returned). numpy, pandas, scipy, scikit-learn, matplotlib, seaborn, pillow, openpyxl, pyarrow and reportlab are installed. Open matplotlib figures are saved automatically and returned as images; plt.show() saves instead of blocking. {}", run_limits(default))
+}
+
+pub(super) fn run_shell(default: Option<&PolicyLimits>) -> String {
+    format!("Run a bash command in the same kind of isolated sandbox as run_python (no network), in the session's workspace, and return status, exit code, stdout, stderr and changed files. Useful for ls, head, wc, or running a script written by run_python. {}", run_limits(default))
+}
+
+pub(super) fn create_session(_: Option<&PolicyLimits>) -> String {
+    "Create a session: a workspace whose files persist across runs until it is closed or idle for longer than its ttl_s (returned). Returns the session_id to pass to the other tools.".to_string()
+}
+
+pub(super) fn upload_file(default: Option<&PolicyLimits>) -> String {
     // rmcp refuses an HTTP request body over 4 MiB: the base64 of about 2.9 MiB.
     let transport = "a tool call over MCP's HTTP transport carries at most 4 MiB (about 2.9 MiB of file): upload bigger files with PUT /v1/sessions/ID/files/PATH";
     let upload = match default {
         Some(p) => format!("Up to {} MiB by default; {transport}.", p.upload_mb),
         None => format!("Up to the session policy's upload limit; {transport}."),
     };
+    format!("Upload a file (base64) into a session's workspace so code can read it by its relative path. Omit session_id to start a new session. {upload}")
+}
+
+pub(super) fn read_file(default: Option<&PolicyLimits>) -> String {
     let inline = match default {
         Some(p) => format!("the policy's inline limit ({} MiB by default)", p.mcp_inline_mb),
         None => "the policy's inline limit".to_string(),
     };
-    [
-        (
-            "run_python",
-            format!("Run Python 3.11 code in a fresh, isolated Linux sandbox (no network) and return its status, exit code, stdout, stderr and the files it created or changed. The working directory is the session's workspace: files persist between runs of the same session (pass session_id; omit it to start a new session, whose id is returned). numpy, pandas, scipy, scikit-learn, matplotlib, seaborn, pillow, openpyxl, pyarrow and reportlab are installed. Open matplotlib figures are saved automatically and returned as images; plt.show() saves instead of blocking. {run_limits}"),
-        ),
-        (
-            "run_shell",
-            format!("Run a bash command in the same kind of isolated sandbox as run_python (no network), in the session's workspace, and return status, exit code, stdout, stderr and changed files. Useful for ls, head, wc, or running a script written by run_python. {run_limits}"),
-        ),
-        (
-            "create_session",
-            "Create a session: a workspace whose files persist across runs until it is closed or idle for longer than its ttl_s (returned). Returns the session_id to pass to the other tools.".to_string(),
-        ),
-        (
-            "upload_file",
-            format!("Upload a file (base64) into a session's workspace so code can read it by its relative path. Omit session_id to start a new session. {upload}"),
-        ),
-        (
-            "read_file",
-            format!("Read a file from a session's workspace: text files as text, PNG/JPEG images as images, other files as base64. Files larger than {inline} are refused; use their download URL instead."),
-        ),
-    ]
+    format!("Read a file from a session's workspace: text files as text, PNG/JPEG images as images, other files as base64. Files larger than {inline} are refused; use their download URL instead. A result carries at most 1 MiB: of a longer text file it shows the start, and says where the rest is; a binary file whose base64 does not fit is refused the same way.")
 }
 
 /// Declare each optional argument as its plain type with its default, never as
@@ -100,7 +98,14 @@ fn status_name(s: Status) -> &'static str {
 
 /// The run result as text a model reads well.
 pub fn describe_run(r: &RunResult) -> String {
-    let mut s = format!(
+    describe_run_within(r, usize::MAX)
+}
+
+/// [`describe_run`] in at most about `max` bytes of JSON string: past that, the
+/// files changed are listed as far as a quarter of it goes, and stdout, stderr
+/// and a kernel's result share the rest, each cut to its share and saying so.
+pub fn describe_run_within(r: &RunResult, max: usize) -> String {
+    let mut head = format!(
         "status: {}{}\nsession_id: {}\nduration_ms: {}\n",
         status_name(r.status),
         match (r.exit_code, &r.signal) {
@@ -113,43 +118,89 @@ pub fn describe_run(r: &RunResult) -> String {
     );
     match r.status {
         Status::Timeout => {
-            s.push_str("note: the run hit its time limit; shorten the work or pass a larger timeout_s\n")
+            head.push_str("note: the run hit its time limit; shorten the work or pass a larger timeout_s\n")
         }
-        Status::Oom => s.push_str("note: the run ran out of memory; use less data at once\n"),
+        Status::Oom => head.push_str("note: the run ran out of memory; use less data at once\n"),
         _ => {}
     }
-    for (name, text, truncated) in
-        [("stdout", &r.stdout, r.stdout_truncated), ("stderr", &r.stderr, r.stderr_truncated)]
-    {
-        if !text.is_empty() {
-            s.push_str(&format!("--- {name}{} ---\n{text}", if truncated { " (truncated)" } else { "" }));
-            if !text.ends_with('\n') {
-                s.push('\n');
-            }
-        }
-    }
     let kernel = r.kernel.as_ref();
-    if let Some(text) = kernel.and_then(|k| k.result.as_ref()).and_then(|v| v.plain()) {
-        s.push_str(&format!("--- result ---\n{text}\n"));
-    }
-    if kernel.is_some_and(|k| k.kernel_restarted) {
-        s.push_str("note: the kernel was restarted: variables from earlier runs are gone\n");
-    }
-    if !r.artifacts.is_empty() {
-        s.push_str("--- files created or changed (in the session's working directory) ---\n");
-        for a in &r.artifacts {
-            s.push_str(&format!(
-                "{} ({}, {} bytes{}) {}\n",
-                a.path,
-                a.mime_type,
-                a.size_bytes,
-                if a.kind == ArtifactKind::Figure { ", figure" } else { "" },
-                a.url
+    let restarted = match kernel.is_some_and(|k| k.kernel_restarted) {
+        true => "note: the kernel was restarted: variables from earlier runs are gone\n",
+        false => "",
+    };
+    // Room for the streams' headers and cut notes.
+    let fixed = escaped_len(&head) + escaped_len(restarted) + 3 * 256;
+    let files = files_changed(r, max.saturating_sub(fixed) / 4);
+    let result = kernel.and_then(|k| k.result.as_ref()).and_then(|v| v.plain()).unwrap_or("");
+    let streams = [
+        ("stdout", r.stdout.as_str(), r.stdout_truncated),
+        ("stderr", &r.stderr, r.stderr_truncated),
+        ("result", result, false),
+    ];
+    let wants: Vec<usize> = streams.iter().map(|(_, t, _)| escaped_len(t)).collect();
+    let budget = max.saturating_sub(fixed + escaped_len(&files));
+    let shares = shares(&wants, budget);
+    let mut s = head;
+    for ((name, text, truncated), share) in streams.into_iter().zip(shares) {
+        if text.is_empty() {
+            continue;
+        }
+        let kept = cut(text, share);
+        let mut notes = vec![];
+        if truncated {
+            notes.push("truncated".to_string());
+        }
+        if kept.len() < text.len() {
+            notes.push(format!(
+                "cut: the first {} of its {} bytes shown, a tool result carries at most 1 MiB; write big output to a file and read parts of it",
+                kept.len(),
+                text.len()
             ));
         }
-        if r.artifacts_truncated {
-            s.push_str("(more files changed than listed; see list_files)\n");
+        let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+        if name == "result" {
+            s.push_str(&format!("--- result{notes} ---\n{kept}\n"));
+            continue;
         }
+        s.push_str(&format!("--- {name}{notes} ---\n{kept}"));
+        if !kept.ends_with('\n') {
+            s.push('\n');
+        }
+    }
+    s.push_str(restarted);
+    s.push_str(&files);
+    s
+}
+
+/// The run's files created or changed, one line each, as many as fit `max`
+/// bytes of JSON string.
+fn files_changed(r: &RunResult, max: usize) -> String {
+    if r.artifacts.is_empty() {
+        return String::new();
+    }
+    let mut s = "--- files created or changed (in the session's working directory) ---\n".to_string();
+    let mut used = escaped_len(&s);
+    for (i, a) in r.artifacts.iter().enumerate() {
+        let line = format!(
+            "{} ({}, {} bytes{}) {}\n",
+            a.path,
+            a.mime_type,
+            a.size_bytes,
+            if a.kind == ArtifactKind::Figure { ", figure" } else { "" },
+            a.url
+        );
+        used += escaped_len(&line);
+        if used > max {
+            s.push_str(&format!(
+                "(and {} more files not listed here, a tool result carries at most 1 MiB; see list_files)\n",
+                r.artifacts.len() - i
+            ));
+            return s;
+        }
+        s.push_str(&line);
+    }
+    if r.artifacts_truncated {
+        s.push_str("(more files changed than listed; see list_files)\n");
     }
     s
 }

@@ -1,10 +1,10 @@
 //! A run's figures as MCP image content: read bounded, decoded within limits off
 //! the async runtime, downscaled so that together they fit one result.
 
-use super::call::{Call, Failure};
+use super::failure::ToolError;
+use super::Part;
 use crate::model::run::{ArtifactKind, RunResult};
-use base64::Engine;
-use rmcp::model::ContentBlock;
+use crate::service::{Caller, Operations};
 
 /// Most images returned with one run, and their size after downscaling.
 pub const MAX_IMAGES: usize = 4;
@@ -38,6 +38,11 @@ pub(super) fn image_budget(text: &str, run: &RunResult) -> usize {
     MAX_RESULT_BYTES.saturating_sub(json_len(text) + notes + 4096)
 }
 
+/// The length of `n` bytes in base64 (padded).
+pub(super) fn base64_len(n: usize) -> usize {
+    n.div_ceil(3).saturating_mul(4)
+}
+
 fn is_image(mime: &str) -> bool {
     matches!(mime, "image/png" | "image/jpeg")
 }
@@ -45,7 +50,12 @@ fn is_image(mime: &str) -> bool {
 /// This run's images, downscaled so that together they fit `budget` bytes of
 /// base64 (each image gets an equal share of what is left), and a line of text
 /// for each image left out, saying why and where to fetch it.
-pub(super) async fn images(call: &Call<'_>, run: &RunResult, budget: usize) -> (Vec<ContentBlock>, Vec<String>) {
+pub(super) async fn images(
+    ops: &dyn Operations,
+    caller: &Caller,
+    run: &RunResult,
+    budget: usize,
+) -> (Vec<Part>, Vec<String>) {
     let mut arts: Vec<_> = run.artifacts.iter().filter(|a| is_image(&a.mime_type)).collect();
     // Auto-saved figures first, then images the code saved itself.
     arts.sort_by_key(|a| a.kind != ArtifactKind::Figure);
@@ -65,13 +75,13 @@ pub(super) async fn images(call: &Call<'_>, run: &RunResult, budget: usize) -> (
         // The listed size is checked first, and the read is bounded anyway (the
         // file may have grown since it was listed).
         let read = if a.size_bytes > MAX_SOURCE_IMAGE_BYTES as u64 {
-            Err(Failure::TooLarge(MAX_SOURCE_IMAGE_BYTES as u64))
+            Err(ToolError::TooLarge(MAX_SOURCE_IMAGE_BYTES as u64))
         } else {
-            call.read_file(&run.session_id, path, MAX_SOURCE_IMAGE_BYTES as u64).await
+            ops.read_file(caller, &run.session_id, path, MAX_SOURCE_IMAGE_BYTES as u64).await.map_err(ToolError::from)
         };
         let bytes = match read {
             Ok(b) => b,
-            Err(Failure::TooLarge(limit)) => {
+            Err(ToolError::TooLarge(limit)) => {
                 left_out.push(format!("{path}: larger than {limit} bytes, not shown; {fetch}"));
                 continue;
             }
@@ -85,9 +95,8 @@ pub(super) async fn images(call: &Call<'_>, run: &RunResult, budget: usize) -> (
         let max_bytes = share.min(MAX_IMAGE_BYTES);
         match fit_image_off_runtime(bytes, a.mime_type.clone(), max_bytes).await {
             Ok((data, mime)) => {
-                let encoded = base64::engine::general_purpose::STANDARD.encode(&data);
-                remaining = remaining.saturating_sub(encoded.len());
-                out.push(ContentBlock::image(encoded, mime));
+                remaining = remaining.saturating_sub(base64_len(data.len()));
+                out.push(Part::Image { mime, data });
             }
             Err(Unfit::Unreadable) => {
                 left_out.push(format!("{path}: not a readable image within the decoding limits, not shown; {fetch}"))
