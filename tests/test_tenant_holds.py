@@ -270,8 +270,9 @@ def test_two_daemons_on_one_host_never_share_a_uid():
     """A daemon claims its uids host-wide for as long as it runs (an abstract socket
     named for them): a second daemon whose range overlaps refuses to start, naming
     the first and what to do, and leaves nothing; the first serves on. A claim
-    squatted by an unprivileged process is no claim; once the first daemon stops,
-    the second starts."""
+    an unprivileged process listens on, or one forged into /proc/net/unix, is no
+    claim (found by an adversarial review of the first version, which trusted the
+    table's text); once the first daemon stops, the second starts."""
     base = scratch_dir("uidclaim-")
     a = Daemon(base / "a", args=["--max-sessions", "4", "--pool-size", "1"])
     b = Daemon(base / "b", args=["--max-sessions", "4", "--pool-size", "0"])
@@ -293,16 +294,23 @@ def test_two_daemons_on_one_host_never_share_a_uid():
         assert r["status"] == "ok" and r["stdout"] == "42\n", r
         a.stop()
 
-        # An unprivileged host process names b's whole range as its own claim.
+        # An unprivileged host process listens on a name claiming b's whole range,
+        # and forges a line of /proc/net/unix (a name with a newline) that names a
+        # claim nobody listens on: neither counts.
+        span = f"{b.uid_base}-{b.uid_base + 260}"
         squatter = subprocess.Popen(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
-             "import os, socket, sys, time\n"
-             "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
-             f"s.bind(b'\\0sandboxd-uids/%d/{b.uid_base}-{b.uid_base + 260}' % os.getpid())\n"
+             "import socket, time\n"
+             "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+             f"s.bind(b'\\0sandboxd-uids/0123456789abcdef/{span}')\n"
+             "s.listen()\n"
+             "f = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+             f"f.bind(b'\\0x\\n0000000000000000: 00000002 00000000 00010000 0001 01 1 @sandboxd-uids/feed/{span}')\n"
              "print('bound', flush=True)\ntime.sleep(120)"],
             stdout=subprocess.PIPE, text=True)
         assert squatter.stdout.readline() == "bound\n"
-        assert f"@sandboxd-uids/{squatter.pid}/" in Path("/proc/net/unix").read_text()
+        table = Path("/proc/net/unix").read_text()
+        assert f"@sandboxd-uids/0123456789abcdef/{span}" in table and f"@sandboxd-uids/feed/{span}" in table
         b.start()
         with b.http() as c:
             assert c.get("/v1/health").json()["status"] == "ok"

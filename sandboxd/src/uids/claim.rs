@@ -5,29 +5,39 @@
 //! uid, so a sandbox of one daemon would hold every capability over the other's
 //! namespaces (enter its mounts, read its workspace), and both would be charged
 //! to one set of per-user counters. Nothing in either daemon's own state shows
-//! it, so each daemon says which uids it uses where every other one looks: an
-//! abstract Unix socket (in the daemon's network namespace, no file anywhere, gone
-//! with the process however it ends) named
-//! `sandboxd-uids/<pid>/<first>-<end>,<first>-<end>…`. A daemon binds its own
-//! name, then reads `/proc/net/unix` for the others' and refuses to start on an
-//! overlap, naming the other daemon. Two that start at once each see the other
-//! and both refuse: safe, and the operator's fix is the same. Any host process
-//! can bind such a name, so a claim counts only when the pid it names is a root
-//! process that holds that very socket (its inode among the pid's open files),
-//! and when that inode is on no other line of the table: the kernel prints a
-//! socket's name raw, so a name with a newline in it can forge a line, but a
-//! forged line can only borrow an inode that has its own line already. So an
-//! unprivileged user cannot keep a daemon from starting by squatting a name or
-//! forging one.
+//! it, so each daemon says which uids it uses where every other one looks: a
+//! listening abstract Unix socket (in the daemon's network namespace, no file
+//! anywhere, gone with the process however it ends) named
+//! `sandboxd-uids/<nonce>/<first>-<end>,<first>-<end>…`. A daemon binds its own
+//! name, then reads the names in `/proc/net/unix` and refuses to start on one
+//! that overlaps, naming the daemon that holds it. Two that start at once each
+//! see the other and both refuse: safe, and the operator's fix is the same.
+//!
+//! Any host process can bind such a name, and the kernel prints names raw (a name
+//! with a newline in it forges a line of the table), so a name counts only once
+//! the daemon has connected to exactly that name and the kernel said who listens
+//! there (`SO_PEERCRED`: the credentials of the process that called `listen`):
+//! root. A name nobody listens on, or one an unprivileged user listens on (even
+//! from a setuid program it then ran), is no claim. The nonce keeps anyone from
+//! taking a daemon's name before it binds it.
 
+use nix::errno::Errno;
+use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
 use std::ops::Range;
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::os::unix::net::{SocketAddr, UnixListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// What every claim's name starts with.
 const PREFIX: &str = "sandboxd-uids/";
 /// The longest abstract socket name (`sun_path` less its leading NUL).
 const NAME_MAX: usize = 107;
+/// How often the claim's thread takes (and drops) the connections other daemons
+/// made to check it, and how long a check waits on a full backlog in all.
+const ACCEPT_EVERY: Duration = Duration::from_millis(20);
+const CHECK_PATIENCE: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,7 +48,7 @@ pub enum Error {
         show(theirs),
         show(ours)
     )]
-    Overlap { pid: u32, theirs: Vec<Range<u32>>, ours: Vec<Range<u32>> },
+    Overlap { pid: i32, theirs: Vec<Range<u32>>, ours: Vec<Range<u32>> },
     #[error("claiming host uids {} (abstract socket {name:?}): {source}", show(ours))]
     Bind { name: String, ours: Vec<Range<u32>>, source: std::io::Error },
     #[error("reading /proc/net/unix to find other daemons' uids: {0}")]
@@ -48,36 +58,117 @@ pub enum Error {
 /// This daemon's claim; dropping it releases the uids.
 #[derive(Debug)]
 pub struct Claim {
-    _socket: UnixDatagram,
+    name: String,
+    stop: Arc<AtomicBool>,
+    accepter: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.accepter.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Claim `spans` (ascending, disjoint) for this process, or say which other
 /// daemon holds some of them.
 pub fn claim(spans: &[Range<u32>]) -> Result<Claim, Error> {
-    let pid = std::process::id();
     let ours = fit(spans);
-    let name = name(pid, &ours);
-    let bound = SocketAddr::from_abstract_name(name.as_bytes()).and_then(|addr| UnixDatagram::bind_addr(&addr));
-    let socket = bound.map_err(|source| Error::Bind { name: name.clone(), ours: ours.clone(), source })?;
+    let (name, listener) = bind(&ours)?;
     let table = std::fs::read_to_string("/proc/net/unix").map_err(Error::Read)?;
-    for (other, inode, theirs) in claims(&table) {
-        if other != pid && overlap(&ours, &theirs) && held_by_root(other, inode) {
-            return Err(Error::Overlap { pid: other, theirs, ours });
+    for (other, theirs) in claims(&table) {
+        if other == name || !overlap(&ours, &theirs) {
+            continue;
+        }
+        if let Some(pid) = root_listens_on(&other) {
+            return Err(Error::Overlap { pid, theirs, ours });
         }
     }
-    Ok(Claim { _socket: socket })
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let accepter = std::thread::Builder::new()
+        .name("uid-claim".into())
+        .spawn(move || accept_until(listener, &stopped))
+        .map_err(|source| Error::Bind { name: name.clone(), ours: ours.clone(), source })?;
+    Ok(Claim { name, stop, accepter: Some(accepter) })
 }
 
-/// Whether `pid` is a root process with socket `inode` open.
-fn held_by_root(pid: u32, inode: u64) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let proc = std::path::PathBuf::from(format!("/proc/{pid}"));
-    if std::fs::metadata(&proc).map(|m| m.uid()).ok() != Some(0) {
-        return false;
+impl Claim {
+    /// The abstract name this claim listens on.
+    pub fn name(&self) -> &str {
+        &self.name
     }
-    let Ok(fds) = std::fs::read_dir(proc.join("fd")) else { return false };
-    let want = format!("socket:[{inode}]");
-    fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
+}
+
+/// Listen on a fresh name for `ours` (a new nonce if one is taken).
+fn bind(ours: &[Range<u32>]) -> Result<(String, UnixListener), Error> {
+    let mut last = None;
+    for _ in 0..8 {
+        let name = name(&nonce(), ours);
+        let bound = SocketAddr::from_abstract_name(name.as_bytes()).and_then(|a| UnixListener::bind_addr(&a));
+        match bound.and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+            Ok(l) => return Ok((name, l)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some((name, e)),
+            Err(source) => return Err(Error::Bind { name, ours: ours.to_vec(), source }),
+        }
+    }
+    let (name, source) = last.unwrap_or_else(|| (String::new(), std::io::ErrorKind::AddrInUse.into()));
+    Err(Error::Bind { name, ours: ours.to_vec(), source })
+}
+
+/// Take the connections other daemons make to check this claim, and drop them.
+fn accept_until(listener: UnixListener, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok(_) => continue,
+            Err(_) => std::thread::sleep(ACCEPT_EVERY),
+        }
+    }
+}
+
+/// The pid of the root process listening on abstract `name`, if one does; `None`
+/// when nobody listens there (a forged line), someone else does, or it cannot be
+/// told within [`CHECK_PATIENCE`].
+fn root_listens_on(name: &str) -> Option<i32> {
+    let addr = UnixAddr::new_abstract(name.as_bytes()).ok()?;
+    let deadline = std::time::Instant::now() + CHECK_PATIENCE;
+    loop {
+        let fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .ok()?;
+        match socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+            Ok(()) => {
+                let peer = socket::getsockopt(&fd, sockopt::PeerCredentials).ok()?;
+                return (peer.uid() == 0).then_some(peer.pid());
+            }
+            // A full backlog: the holder's thread takes them every few ms.
+            Err(Errno::EAGAIN) if std::time::Instant::now() < deadline => std::thread::sleep(ACCEPT_EVERY),
+            Err(e) => {
+                if e == Errno::EAGAIN {
+                    tracing::warn!(name, "a uid claim could not be checked (its backlog stayed full): not counted");
+                }
+                return None;
+            }
+        }
+    }
+}
+
+fn nonce() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut r| r.read_exact(&mut bytes)).is_err() {
+        // Without randomness the time still differs between starts; a taken name
+        // is retried anyway.
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        bytes = (t.as_nanos() as u64 ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `spans` in a name that fits: while it does not, the two spans with the
@@ -85,7 +176,7 @@ fn held_by_root(pid: u32, inode: u64) -> bool {
 /// daemon uses, never fewer).
 fn fit(spans: &[Range<u32>]) -> Vec<Range<u32>> {
     let mut spans = spans.to_vec();
-    while spans.len() > 1 && name(u32::MAX, &spans).len() > NAME_MAX {
+    while spans.len() > 1 && name("0000000000000000", &spans).len() > NAME_MAX {
         let narrowest = (1..spans.len()).min_by_key(|&i| spans[i].start.saturating_sub(spans[i - 1].end));
         if let Some(i) = narrowest {
             let next = spans.remove(i);
@@ -95,47 +186,35 @@ fn fit(spans: &[Range<u32>]) -> Vec<Range<u32>> {
     spans
 }
 
-fn name(pid: u32, spans: &[Range<u32>]) -> String {
+fn name(nonce: &str, spans: &[Range<u32>]) -> String {
     let spans: Vec<String> = spans.iter().map(|r| format!("{}-{}", r.start, r.end)).collect();
-    format!("{PREFIX}{pid}/{}", spans.join(","))
+    format!("{PREFIX}{nonce}/{}", spans.join(","))
 }
 
-/// Every claim in `/proc/net/unix`'s text: the pid it names, its socket's inode and
-/// its spans. A name that does not parse is no claim, and neither is a line whose
-/// inode another line shows too (one of them is forged).
-fn claims(table: &str) -> Vec<(u32, u64, Vec<Range<u32>>)> {
-    let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
-    let mut seen = std::collections::HashMap::<&str, usize>::new();
-    for fields in &lines {
-        if let Some(inode) = fields.get(6) {
-            *seen.entry(inode).or_default() += 1;
-        }
-    }
-    lines
-        .iter()
-        .filter_map(|fields| {
-            let inode_text = fields.get(6)?;
-            if seen.get(inode_text) != Some(&1) {
-                return None;
-            }
-            let (pid, spans) = parse(fields.get(7)?)?;
-            Some((pid, inode_text.parse().ok()?, spans))
+/// Every claim's name (without its `@`) and spans in `/proc/net/unix`'s text. A
+/// name that does not parse is no claim; one that does is checked before it counts.
+fn claims(table: &str) -> Vec<(String, Vec<Range<u32>>)> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let name = line.split_whitespace().nth(7)?.strip_prefix('@')?;
+            Some((name.to_string(), parse(name)?))
         })
         .collect()
 }
 
-/// `@sandboxd-uids/<pid>/<a>-<b>,…` (an abstract name, as `/proc/net/unix` shows it).
-fn parse(path: &str) -> Option<(u32, Vec<Range<u32>>)> {
-    let rest = path.strip_prefix('@')?.strip_prefix(PREFIX)?;
-    let (pid, spans) = rest.split_once('/')?;
-    let spans = spans
+/// `sandboxd-uids/<nonce>/<a>-<b>,…` with `a < b` in each span.
+fn parse(name: &str) -> Option<Vec<Range<u32>>> {
+    let rest = name.strip_prefix(PREFIX)?;
+    let (_nonce, spans) = rest.split_once('/')?;
+    spans
         .split(',')
         .map(|s| {
             let (a, b) = s.split_once('-')?;
-            Some(a.parse().ok()?..b.parse().ok()?)
+            let r: Range<u32> = a.parse().ok()?..b.parse().ok()?;
+            (r.start < r.end).then_some(r)
         })
-        .collect::<Option<Vec<Range<u32>>>>()?;
-    Some((pid.parse().ok()?, spans))
+        .collect()
 }
 
 fn overlap(a: &[Range<u32>], b: &[Range<u32>]) -> bool {
@@ -159,42 +238,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_claim_reads_back_from_the_table_as_the_kernel_shows_it() {
+    fn claims_read_back_from_the_table_as_the_kernel_shows_them() {
         let ours = [600_000..600_288, 700_004..700_005];
-        let line = format!("0000000000000000: 00000002 00000000 00000000 0002 01 123456 @{}", name(4242, &ours));
+        let mine = name("00112233aabbccdd", &ours);
         let table = format!(
-            "Num       RefCount Protocol Flags    Type St Inode Path\n{line}\n\
+            "Num       RefCount Protocol Flags    Type St Inode Path\n\
+             0000000000000000: 00000002 00000000 00010000 0001 01 123456 @{mine}\n\
              0000000000000000: 00000002 00000000 00010000 0001 01 99 /run/sandboxd/sandboxd.sock\n\
-             0000000000000000: 00000002 00000000 00000000 0002 01 98 @sandboxd-uids/x/1-2\n\
              0000000000000000: 00000002 00000000 00000000 0002 01 97 @sandboxd-uids/7/1-\n\
-             0000000000000000: 00000003 00000000 00000000 0001 03 96\n"
+             0000000000000000: 00000002 00000000 00000000 0002 01 96 @sandboxd-uids/7/10-5\n\
+             0000000000000000: 00000003 00000000 00000000 0001 03 95\n"
         );
-        assert_eq!(claims(&table), [(4242, 123456, ours.to_vec())]);
-        // A name with a newline forges a line that borrows a real socket's inode
-        // (here 99, the daemon's listening socket): neither line counts.
-        let forged = format!(
-            "{table}0000000000000000: 00000002 00000000 00000000 0002 01 95 @x\n\
-             0000000000000000: 00000002 00000000 00000000 0002 01 99 @sandboxd-uids/1/0-4294967295\n"
-        );
-        assert_eq!(claims(&forged), [(4242, 123456, ours.to_vec())]);
-    }
-
-    #[test]
-    fn a_claim_counts_only_from_a_root_process_holding_its_socket() {
-        let spans = [3_000_000..3_000_010];
-        let claim = claim(&spans);
-        if nix::unistd::geteuid().is_root() {
-            let Ok(_held) = claim else { panic!("{claim:?}") };
-            let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
-            let mine = claims(&table).into_iter().find(|c| c.0 == std::process::id());
-            let Some((pid, inode, found)) = mine else { panic!("no claim of ours in the table") };
-            assert_eq!(found, spans);
-            assert!(held_by_root(pid, inode));
-            // The same pid with another socket's inode: not a claim it holds.
-            assert!(!held_by_root(pid, inode + 1_000_000_007));
-        }
-        // pid 1's own sockets aside, no process holds inode 0.
-        assert!(!held_by_root(1, 0));
+        assert_eq!(claims(&table), [(mine, ours.to_vec())]);
     }
 
     #[test]
@@ -209,8 +264,7 @@ mod tests {
     fn a_name_fits_by_covering_the_narrowest_gaps() {
         let many: Vec<Range<u32>> = (0..20).map(|i| 600_000 + i * 1000..600_001 + i * 1000).collect();
         let fitted = fit(&many);
-        assert!(name(u32::MAX, &fitted).len() <= NAME_MAX);
-        // Whatever was claimed is still covered.
+        assert!(name(&nonce(), &fitted).len() <= NAME_MAX);
         for r in &many {
             assert!(fitted.iter().any(|f| f.start <= r.start && r.end <= f.end), "{r:?} lost in {fitted:?}");
         }
@@ -223,5 +277,28 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("pid 77") && text.contains("600000 to 600287") && text.contains("(600100)"), "{text}");
         assert!(text.contains("uid_base"), "{text}");
+    }
+
+    #[test]
+    fn a_second_claim_on_an_overlapping_range_is_refused_and_a_released_one_frees_it() {
+        let first = claim(&[3_100_000..3_100_010]);
+        let Ok(first) = first else { panic!("{first:?}") };
+        assert!(std::fs::read_to_string("/proc/net/unix").unwrap_or_default().contains(first.name()));
+        // Apart: both hold.
+        let apart = claim(&[3_100_010..3_100_020]);
+        assert!(apart.is_ok(), "{apart:?}");
+        if nix::unistd::geteuid().is_root() {
+            match claim(&[3_100_005..3_100_006]) {
+                Err(Error::Overlap { pid, .. }) => assert_eq!(pid, std::process::id() as i32),
+                other => panic!("{other:?}"),
+            }
+        }
+        let name = first.name().to_string();
+        drop(first);
+        assert!(!std::fs::read_to_string("/proc/net/unix").unwrap_or_default().contains(&name));
+        let again = claim(&[3_100_005..3_100_006]);
+        assert!(again.is_ok(), "{again:?}");
+        // Nobody listens on a forged name: no claim.
+        assert_eq!(root_listens_on("sandboxd-uids/0000000000000000/3100000-3100010"), None);
     }
 }
