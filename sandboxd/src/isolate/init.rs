@@ -34,9 +34,7 @@ use std::fs::File;
 use std::io::{BufRead, Read, Write};
 use std::os::fd::OwnedFd;
 
-/// Longest line of a report ([`InitLine`]) a reader takes: more than a writer
-/// makes ([`super::message::INIT_LINE_MAX`]).
-pub(super) const REPORT_LINE: usize = 16 * 1024;
+pub(super) use super::message::REPORT_LINE;
 
 /// Read a report up to its first line that says how the program ended (or how
 /// setting it up failed), each line at most [`REPORT_LINE`] bytes and parsed

@@ -225,9 +225,12 @@ pub enum InitLine {
 
 /// The most bytes an [`InitLine`] takes on its pipe, its `'\n'` included: one
 /// pipe buffer's atomic write (`PIPE_BUF`), and below what a reader accepts
-/// ([`super::init::REPORT_LINE`]). Longer texts are cut to fit.
+/// ([`REPORT_LINE`]). Longer texts are cut to fit.
 pub const INIT_LINE_MAX: usize = 4096;
-const _: () = assert!(INIT_LINE_MAX <= super::init::REPORT_LINE && INIT_LINE_MAX <= libc::PIPE_BUF);
+/// Longest line of a report ([`InitLine`]) a reader takes (`init::read_report`):
+/// more than a writer makes ([`INIT_LINE_MAX`]).
+pub const REPORT_LINE: usize = 16 * 1024;
+const _: () = assert!(INIT_LINE_MAX <= REPORT_LINE && INIT_LINE_MAX <= libc::PIPE_BUF);
 /// The most bytes a failure's step takes, escaped, in an [`InitLine`].
 const STEP_MAX: usize = 256;
 
