@@ -248,14 +248,7 @@ pub fn rootfs(tarball: &Path, exists: bool, sha256: Option<&str>, content_hash: 
 /// namespace is owned by its host uid, so a process of that account would hold
 /// every capability over it (enter its mounts, read its workspace).
 pub fn uid_range(uids: &[std::ops::Range<u32>], accounts: &[(String, u32)]) -> Item {
-    let spans: Vec<String> = uids
-        .iter()
-        .map(|r| match r.end.saturating_sub(r.start) {
-            1 => r.start.to_string(),
-            _ => format!("{} to {}", r.start, r.end.saturating_sub(1)),
-        })
-        .collect();
-    let range = format!("host uids {}", spans.join(", "));
+    let range = format!("host uids {}", crate::uids::describe(uids));
     if accounts.is_empty() {
         return Item::ok("uid range", format!("{range} (sessions and pooled templates): no account or group has one"));
     }

@@ -45,11 +45,11 @@ pub enum Error {
         "another sandboxd (pid {pid}) runs sandboxes as host uids {}, which overlap this daemon's ({}): \
          give one of them a uid_base whose range does not overlap the other's (a daemon uses max_sessions + 256 \
          uids from its uid_base); two daemons on one uid would share their sandboxes' user namespaces",
-        show(theirs),
-        show(ours)
+        super::describe(theirs),
+        super::describe(ours)
     )]
     Overlap { pid: i32, theirs: Vec<Range<u32>>, ours: Vec<Range<u32>> },
-    #[error("claiming host uids {} (abstract socket {name:?}): {source}", show(ours))]
+    #[error("claiming host uids {} (abstract socket {name:?}): {source}", super::describe(ours))]
     Bind { name: String, ours: Vec<Range<u32>>, source: std::io::Error },
     #[error("reading /proc/net/unix to find other daemons' uids: {0}")]
     Read(std::io::Error),
@@ -219,17 +219,6 @@ fn parse(name: &str) -> Option<Vec<Range<u32>>> {
 
 fn overlap(a: &[Range<u32>], b: &[Range<u32>]) -> bool {
     a.iter().any(|x| b.iter().any(|y| x.start < y.end && y.start < x.end))
-}
-
-fn show(spans: &[Range<u32>]) -> String {
-    let spans: Vec<String> = spans
-        .iter()
-        .map(|r| match r.end.saturating_sub(r.start) {
-            1 => r.start.to_string(),
-            _ => format!("{} to {}", r.start, r.end.saturating_sub(1)),
-        })
-        .collect();
-    spans.join(", ")
 }
 
 #[cfg(test)]

@@ -23,6 +23,18 @@ use std::sync::{Arc, Mutex};
 /// How many uids pooled templates rotate through.
 pub const POOL_SPAN: u32 = 256;
 
+/// Spans of uids as an operator reads them: `600000 to 600287, 700004`.
+pub fn describe(spans: &[Range<u32>]) -> String {
+    let spans: Vec<String> = spans
+        .iter()
+        .map(|r| match r.end.saturating_sub(r.start) {
+            1 => r.start.to_string(),
+            _ => format!("{} to {}", r.start, r.end.saturating_sub(1)),
+        })
+        .collect();
+    spans.join(", ")
+}
+
 /// The lowest uid of `range` for which `taken` is false.
 pub fn free(range: Range<u32>, taken: impl Fn(u32) -> bool) -> Option<u32> {
     range.into_iter().find(|u| !taken(*u))
