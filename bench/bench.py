@@ -61,15 +61,18 @@ class Api:
         return r.status, r.read()
 
 
-def interleaved(systems, runs, warmup=3, before=None):
+def interleaved(systems, runs, warmup=3, before=None, alternate=False):
     """p50/p95 in ms of each of `systems` ([(name, fn)]), measured in rounds: each
-    round calls `before` (untimed), then each system once, in order. Whatever else
-    this machine is doing then weighs on every system alike."""
+    round calls `before` (untimed), then each system once, in order (with
+    `alternate`, in reverse order every other round: what one run leaves behind,
+    a template's refill or a slot's teardown, then weighs on each system's
+    neighbours alike). Whatever else this machine is doing weighs on every system
+    alike."""
     samples = {name: [] for name, _ in systems}
     for i in range(warmup + runs):
         if before:
             before()
-        for name, fn in systems:
+        for name, fn in (systems[::-1] if alternate and i % 2 else systems):
             t = time.perf_counter()
             fn()
             if i >= warmup:
@@ -321,7 +324,7 @@ def versus(args):
         for workload, code in WORKLOADS:
             systems = [s for b in builds for s in b.systems(workload, code)]
             runs = args.runs if workload != "plot" else max(5, args.runs // 4)
-            rows += interleaved(systems, runs, before=pools_full)
+            rows += interleaved(systems, runs, before=pools_full, alternate=True)
         for b in builds:
             rows += interleaved([(f"shell `true`: cold, {b.label}",
                                   lambda b=b: b.run("true", b.cold_api, b.cold_sid, "shell"))], args.runs)
