@@ -323,7 +323,11 @@ impl PooledTemplate {
         };
         let started = Instant::now();
         let ended: Done<'_> = Box::pin(async { Some(run_ended(&mut program, &mut report, &bounds.id).await) });
-        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended), process::signal).await;
+        // A pooled run's only target is its init, signalled through its pidfd: the
+        // fork's outer process reaps the init as soon as it reported, and a signal
+        // by pid could then reach whatever process got that pid since.
+        let kill = |_init: i32, sig| process::pidfd_signal(&init_pidfd, sig);
+        let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended), kill).await;
         // Tearing the fork down (three processes unmapping a copy of the template's
         // memory) waits behind the answer to the run.
         let _ = self.slot.cg.set_idle(true);

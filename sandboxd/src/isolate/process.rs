@@ -14,6 +14,14 @@ pub fn pidfd_kill(pidfd: &OwnedFd) {
     let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
 }
 
+/// Send `sig` to the process behind `pidfd`: never to another process that got its
+/// pid since (nothing happens if it has already ended).
+pub fn pidfd_signal(pidfd: &OwnedFd, sig: nix::sys::signal::Signal) {
+    if let Some(sig) = rustix::process::Signal::from_named_raw(sig as i32) {
+        let _ = rustix::process::pidfd_send_signal(pidfd, sig);
+    }
+}
+
 pub fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }
@@ -47,4 +55,26 @@ pub fn socket_pair() -> std::io::Result<(tokio::net::UnixStream, std::os::unix::
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     Ok((tokio::net::UnixStream::from_std(ours)?, theirs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_pidfd_signal_reaches_its_process_and_nothing_once_it_is_gone() {
+        let Ok(mut child) = std::process::Command::new("sleep").arg("30").spawn() else {
+            panic!("sleep could not be started")
+        };
+        let pid = i32::try_from(child.id()).unwrap_or_default();
+        let pidfd = pidfd_open(pid).unwrap();
+        pidfd_signal(&pidfd, nix::sys::signal::Signal::SIGTERM);
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+        // Reaped: the pidfd still names that process, and a signal through it goes
+        // nowhere (by pid it would reach whatever has the pid now).
+        pidfd_signal(&pidfd, nix::sys::signal::Signal::SIGKILL);
+        pidfd_kill(&pidfd);
+    }
 }

@@ -312,7 +312,11 @@ pub async fn run_ended(
 ) -> Exit {
     let mut listening = true;
     loop {
+        // What the run wrote on its socket before it ended is read before its
+        // report: "whichever comes first" holds when both are already there, and a
+        // forged line is always seen (and logged) rather than by a coin's toss.
         tokio::select! {
+            biased;
             claim = program.recv::<RunClaim>(), if listening => {
                 match claim {
                     Ok(Some(RunClaim::ExitCode(code))) if ACCEPT_CLAIMS => return Exit::Exited(i32::from(code)),
