@@ -192,9 +192,7 @@ def main():
             api, cold_api = Api(daemon.port), Api(cold_daemon.port)
 
             def api_run(code, language="python", session=None, client=api):
-                status, text = client.post("/v1/runs", {"code": code, "session_id": session or sid, "language": language})
-                if status != 200 or json.loads(text)["status"] != "ok":
-                    raise SystemExit(f"run failed: {text[:500]!r}")
+                Build.run(code, client, session or sid, language)
 
             def cold_run(code, language="python"):
                 api_run(code, language, session=cold_sid, client=cold_api)

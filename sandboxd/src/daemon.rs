@@ -141,20 +141,19 @@ async fn serve_with(
     let held = sessions.uids();
     let uids = crate::uids::Ranges::new(config.uid_base, config.max_sessions, held.iter().copied().max());
     let inputs = crate::check::Inputs { uids: uids.spans(held), ..crate::check::Inputs::of(&config) };
+    // Nor may another daemon on the host run sandboxes as them: the claim is held
+    // until this function returns.
     let uid_check = crate::model::check::Report::new(vec![crate::check::uid_range_of(&inputs.uids)]);
-    if let Err(e) = uid_check.require() {
-        sessions.unmount_all().await;
-        rootfs.unmount();
-        return Err(e.into());
-    }
-    // No other daemon on the host may run sandboxes as these uids; the claim is
-    // held until this function returns.
-    let _uids_claimed = match crate::uids::claim::claim(&inputs.uids) {
+    let claimed = uid_check
+        .require()
+        .map_err(Error::from)
+        .and_then(|()| crate::uids::claim::claim(&inputs.uids).map_err(Error::from));
+    let _uids_claimed = match claimed {
         Ok(claim) => claim,
         Err(e) => {
             sessions.unmount_all().await;
             rootfs.unmount();
-            return Err(e.into());
+            return Err(e);
         }
     };
     let sandboxes = Sandboxes::new(cgroups, config.ready_sandboxes, config.max_sessions);
