@@ -19,6 +19,14 @@ pooled daemon's runs queue briefly for a template coming back from its last run,
 or fall back to cold sandboxes, and its row says how many runs per second its
 templates served.
 
+    python3 bench/bench.py --packages
+
+measures package installs instead (the package index must be reachable): one small
+pure-Python wheel installed by plain `pip install` in the rootfs's Python without
+isolation (the baseline), by sandboxd into a new session with the package cache off
+(a first install) and into a new session whose install the cache serves (a second
+one), and `import` of the installed package in a cold and in a pooled run.
+
     python3 bench/bench.py --vs OTHER/target/release/sandboxd
 
 compares two builds of the daemon (say, main and the commit before a change) in the
@@ -170,9 +178,12 @@ def main():
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
     ap.add_argument("--vs", metavar="SANDBOXD", help="another build's daemon binary, measured in the same rounds")
+    ap.add_argument("--packages", action="store_true", help="measure package installs (needs the package index)")
     args = ap.parse_args()
     if args.vs:
         return versus(args)
+    if args.packages:
+        return packages(args)
 
     cold_daemon = Daemon(scratch_dir("bench-cold-"), args=["--pool-size", "0"]).start()
     daemon = Daemon(scratch_dir("bench-")).start()
@@ -351,6 +362,91 @@ def versus(args):
           f"{this / other:.2f}x")
     if args.json:
         print(json.dumps({"rows": measured, "rps": rps}, indent=1))
+
+
+# The packages bench: a small pure-Python wheel with no dependencies.
+PACKAGE, PACKAGE_VERSION = "tabulate", "0.9.0"
+
+
+def packages(args):
+    """Installs side by side (see the module's notes): rows of p50/p95 and the ratio
+    to plain pip without isolation, in the same rounds."""
+    runs = max(3, min(args.runs, 20))
+    # The cache off: every install is a first one. The cache on: the first install
+    # (untimed) fills it, and each timed one is a second session's.
+    first_daemon = Daemon(scratch_dir("bench-pkg-first-"), args=["--package-cache-mb", "0"]).start()
+    cached_daemon = Daemon(scratch_dir("bench-pkg-cached-")).start()
+    copy_base = scratch_dir("bench-pkg-rootfs-")
+    try:
+        rootfs = copy_base / "tree"
+        subprocess.run(["cp", "-a", str(first_daemon.state / "mnt" / "rootfs") + "/.", str(rootfs)], check=True)
+        # The baseline trusts what the host trusts (a TLS-inspecting proxy's CA too).
+        shutil.copy("/etc/ssl/certs/ca-certificates.crt", rootfs / "tmp" / "host-ca.pem")
+        chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+        env = {**BARE_ENV, "PIP_CERT": "/tmp/host-ca.pem", "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+            if os.environ.get(k):
+                env[k] = os.environ[k]
+        wanted = f"{PACKAGE}=={PACKAGE_VERSION}"
+        counter = iter(range(1 << 30))
+
+        def pip_bare():
+            target = f"/tmp/pip-target-{next(counter)}"
+            out = subprocess.run([chroot, str(rootfs), "/opt/py/bin/python", "-m", "pip", "install", "--quiet",
+                                  "--target", target, wanted], capture_output=True, env=env)
+            if out.returncode != 0:
+                raise SystemExit(f"pip install failed: {out.stderr[-500:]!r}")
+
+        fresh = {}
+
+        def new_sessions():
+            for name, d in (("first", first_daemon), ("cached", cached_daemon)):
+                with d.http() as c:
+                    fresh[name] = c.post("/v1/sessions", json={}).json()["id"]
+
+        def install(d, name):
+            with d.http(timeout=300) as c:
+                r = c.post(f"/v1/sessions/{fresh[name]}/packages", json={"packages": [wanted]})
+            if r.status_code != 200 or not r.json()["installed"]:
+                raise SystemExit(f"install failed: {r.text[:500]}")
+
+        with cached_daemon.http(timeout=300) as c:
+            warm = c.post("/v1/sessions", json={}).json()["id"]
+            c.post(f"/v1/sessions/{warm}/packages", json={"packages": [wanted]})
+        rows = interleaved([
+            (f"install {PACKAGE}: pip, no isolation (baseline)", pip_bare),
+            (f"install {PACKAGE}: sandboxd, first install", lambda: install(first_daemon, "first")),
+            (f"install {PACKAGE}: sandboxd, a second session's", lambda: install(cached_daemon, "cached")),
+        ], runs, warmup=1, before=new_sessions)
+
+        # Importing it: bare (from the pip target), cold (a shell run), pooled.
+        target = "/tmp/pip-target-import"
+        subprocess.run([chroot, str(rootfs), "/opt/py/bin/python", "-m", "pip", "install", "--quiet", "--target", target,
+                        wanted], check=True, capture_output=True, env=env)
+        code = f"import {PACKAGE}"
+        api = Api(cached_daemon.port)
+        rows += interleaved([
+            (f"import {PACKAGE}: python, no isolation (baseline)",
+             lambda: check([chroot, str(rootfs), "/opt/py/bin/python", "-c", f"import sys; sys.path.append({target!r}); {code}"], b"")),
+            (f"import {PACKAGE}: sandboxd cold", lambda: Build.run(f"python -c '{code}'", api, warm, "shell")),
+            (f"import {PACKAGE}: sandboxd pooled", lambda: Build.run(code, api, warm)),
+        ], runs * 2, before=lambda: cached_daemon.wait_pool_ready())
+    finally:
+        for d in (first_daemon, cached_daemon):
+            d.stop()
+            shutil.rmtree(d.base, ignore_errors=True)
+        shutil.rmtree(copy_base, ignore_errors=True)
+    print(f"\nsandboxd packages bench: {runs} installs each, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
+    print(f"| {'workload: system':<50} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
+    print(f"|{'-' * 52}|{'-' * 9}|{'-' * 9}|{'-' * 15}|")
+    base = {}
+    for name, r in rows:
+        workload = name.split(":")[0]
+        if "no isolation" in name:
+            base[workload] = r["p50"]
+        print(f"| {name:<50} | {r['p50']:7.1f} | {r['p95']:7.1f} | {r['p50'] / base[workload]:13.2f} |")
+    if args.json:
+        print(json.dumps({"rows": dict(rows)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ Version: $version
 Architecture: $arch
 Maintainer: sandboxd developers <dev@sandboxd.local>
 Installed-Size: $size
-Depends: libc6 (>= $glibc), libgcc-s1, libseccomp2 (>= 2.5.0), debootstrap, zstd, tar, coreutils, util-linux, mount, e2fsprogs, systemd
+Depends: libc6 (>= $glibc), libgcc-s1, libseccomp2 (>= 2.5.0), debootstrap, zstd, tar, coreutils, util-linux, mount, e2fsprogs, systemd, ca-certificates
 Section: admin
 Priority: optional
 Homepage: https://github.com/sandboxd/sandboxd

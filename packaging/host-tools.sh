@@ -27,6 +27,8 @@ tools=(
 if [ "${1:-}" = "--test" ]; then
   tools+=("python3:python3:runs the black-box test suite (its clients go in a venv: tests/clients.sh)")
   tools+=("/usr/bin/time:time:measures sandboxctl's peak memory in tests/test_cli.py")
+  tools+=("ip:iproute2:the egress tests' own hosts: a network namespace, a veth pair and its routes (tests/egress_hosts.py)")
+  tools+=("nsenter:util-linux:configures the egress test hosts' namespace; reads a stopped test daemon's mount namespace (tests/harness.py)")
 fi
 
 missing_cmds=()
@@ -50,6 +52,12 @@ have_libseccomp() {
 if ! have_libseccomp; then
   missing_pkgs+=(libseccomp-dev)
   say "missing libseccomp's headers and library (package libseccomp-dev): the daemon compiles its seccomp filter with it"
+fi
+# The egress proxy verifies the servers sandboxes reach (the package index's) against
+# the host's CA bundle, and sandboxes trust it: the daemon's ca_bundle.
+if ! [ -s /etc/ssl/certs/ca-certificates.crt ] && ! [ -s /etc/pki/tls/certs/ca-bundle.crt ] && ! [ -s /etc/ssl/ca-bundle.pem ]; then
+  missing_pkgs+=(ca-certificates)
+  say "missing the host's CA certificates (package ca-certificates): the egress proxy verifies the package index against them"
 fi
 # Debian and Ubuntu ship Python's venv module apart, as python3-venv; the test suite
 # puts its clients in a venv (tests/clients.sh).
@@ -88,7 +96,8 @@ other_pkgs() {
     case "$p" in
       mount) out+=(util-linux) ;;
       libseccomp-dev) if [ "${1:-}" = arch ]; then out+=(libseccomp); else out+=(libseccomp-devel); fi ;;
-      coreutils | tar | make | zstd | debootstrap | e2fsprogs | util-linux | python3 | gcc | time) out+=("$p") ;;
+      iproute2) if [ "${1:-}" = fedora ]; then out+=(iproute); else out+=(iproute2); fi ;;
+      coreutils | tar | make | zstd | debootstrap | e2fsprogs | util-linux | python3 | gcc | time | ca-certificates) out+=("$p") ;;
       python3-venv) ;; # part of python3 elsewhere
     esac
   done

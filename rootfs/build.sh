@@ -72,7 +72,7 @@ free_mb=$(df -Pm "$probe" | awk 'NR==2 {print $4}')
 mkdir -p "$out" 2>/dev/null || refuse "cannot create $out; choose another output directory"
 
 # Only what goes into the image counts: support/kernel.py is embedded in the daemon.
-recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sandboxd_runner.py support/sandboxd_outcome.py support/sitecustomize.py | sha256sum | cut -c1-16)
+recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sandboxd_runner.py support/sandboxd_outcome.py support/sandboxd_install.py support/sitecustomize.py | sha256sum | cut -c1-16)
 tarball="$out/rootfs-$recipe_hash.tar.zst"
 if [ -s "$tarball" ] && [ -s "$tarball.sha256" ]; then
   say "up to date: $tarball (recipe $recipe_hash)"
@@ -173,10 +173,33 @@ unmount_all
 rm -rf "$root/tmp/wheels" "$root/tmp/pip" "$root/tmp/recipe"
 : >"$root/etc/resolv.conf"
 
-current="support"; next "install the sandbox support code and the sandbox user"
+current="support"; next "install the sandbox support code, pip's configuration and the sandbox user"
 mkdir -p "$root/opt/sandboxd" "$root/mnt/data" "$root/tmp" "$root/proc" "$root/dev" "$root/sys"
-cp "$here/support/runner.py" "$here/support/sandboxd_runner.py" "$here/support/sandboxd_outcome.py" "$root/opt/sandboxd/"
+cp "$here/support/runner.py" "$here/support/sandboxd_runner.py" "$here/support/sandboxd_outcome.py" \
+  "$here/support/sandboxd_install.py" "$root/opt/sandboxd/"
 cp "$here/support/sitecustomize.py" "$root/opt/py/lib/python3.11/site-packages/sitecustomize.py"
+# Debian's python3.11 has a sitecustomize of its own (apport's hook) earlier on
+# sys.path, which would hide the venv's: it goes.
+rm -f "$root/usr/lib/python3.11/sitecustomize.py" "$root/etc/python3.11/sitecustomize.py"
+# Every package of the image, pinned: what pip and the installer may not replace.
+grep -v '^#' "$here/requirements.lock" | sed -e 's/ --hash=.*//' >"$root/opt/sandboxd/constraints.txt"
+# pip in a sandbox installs into the session's package layer (pip reads sys.prefix's
+# pip.conf), never over the image's packages, wheels only unless the policy says
+# otherwise (the daemon then sets PIP_ONLY_BINARY=:none:). No cache (HOME is the
+# small /tmp), no questions, no version check and no progress bars (a run's output
+# is not a terminal), no warning that the layer's bin is not on PATH (it is).
+cat >"$root/opt/py/pip.conf" <<'CONF'
+[global]
+disable-pip-version-check = true
+no-input = true
+no-cache-dir = true
+progress-bar = off
+[install]
+prefix = /opt/packages/current
+constraint = /opt/sandboxd/constraints.txt
+only-binary = :all:
+no-warn-script-location = true
+CONF
 echo "sandbox:x:1000:1000:sandbox:/tmp:/bin/bash" >>"$root/etc/passwd"
 echo "sandbox:x:1000:" >>"$root/etc/group"
 echo "sandbox" >"$root/etc/hostname"
@@ -186,6 +209,9 @@ printf '127.0.0.1 localhost\n127.0.1.1 sandbox\n::1 localhost\n' >"$root/etc/hos
 current="slim"; next "remove docs, caches, tests and headers"
 rm -rf "$root"/usr/share/{doc,man,info,locale,lintian,linda,bug} "$root"/var/cache/apt/* \
   "$root"/var/lib/apt/lists/* "$root"/var/log/* "$root"/var/cache/debconf/*-old
+# ldconfig's aux-cache records the inodes and times of this build's libraries: the
+# one file by which two builds of a recipe differed. Only ldconfig reads it.
+rm -f "$root"/var/cache/ldconfig/aux-cache
 rm -rf --one-file-system "$root"/dev/*
 # Left by some debootstrap versions (mount's utab): /run is empty in the image.
 rm -rf --one-file-system "$root"/run/*
@@ -213,6 +239,9 @@ import pyarrow.parquet, reportlab.pdfgen.canvas, PIL.Image
 import matplotlib.font_manager as fm
 fm.fontManager  # writes fontlist-*.json into MPLCONFIGDIR
 ' || die "an installed package failed to import"
+# The installers: pip for the code's own `pip install`, uv for the daemon's installs.
+chroot "$root" /usr/bin/env -i PYTHONDONTWRITEBYTECODE=1 HOME=/tmp /opt/py/bin/python -m pip --version >/dev/null || die "pip does not run in the image"
+chroot "$root" /usr/bin/env -i HOME=/tmp /opt/py/bin/uv --version >/dev/null || die "uv does not run in the image"
 ls "$root/opt/sandboxd/mplconfig"/fontlist-*.json >/dev/null || die "matplotlib did not write its font cache"
 
 unmount_all
@@ -241,9 +270,16 @@ json.dump({"recipe_hash": sys.argv[1], "content_hash": "sha256:" + h.hexdigest()
            "python_version": platform.python_version(), "packages": pkgs}, sys.stdout, indent=1)
 PY
 cp "$work/manifest.partial.json" "$root/opt/sandboxd/manifest.json"
+# Where a session's package layer is mounted: empty in the image. Made after the
+# last Python in the tree ran: sitecustomize gives a writable /opt/packages (as any
+# is to root) the layer's site directory.
+mkdir "$root/opt/packages"
 
 current="pack"; next "pack $tarball"
+# The same bytes from the same tree: no build's times (the pax format records
+# atime and ctime), no pid in a header's name.
 tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --xattrs-exclude='*' \
+  --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
   -C "$root" -cf - . | zstd -q -T0 -12 -o "$work/rootfs.tar.zst" || die "tar/zstd failed"
 (cd "$work" && sha256sum rootfs.tar.zst | cut -d' ' -f1) >"$work/rootfs.tar.zst.sha256"
 mv "$work/rootfs.tar.zst.sha256" "$tarball.sha256.tmp"

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from egress_hosts import TestHosts, UpstreamProxy
 from harness import BIN, IN_CI, TARBALL, Daemon, scratch_dir
 
 
@@ -34,14 +35,15 @@ def daemon():
     shutil.rmtree(d.base, ignore_errors=True)
 
 
-def _own_daemons(prefix, check_clean=False):
-    """Yield a maker of daemons (`make(**Daemon kwargs)` starts one); stop them all
+def _own_daemons(prefix, check_clean=False, kwargs=None):
+    """Yield a maker of daemons (`make(**Daemon kwargs)` starts one; `kwargs(**kw)`,
+    if given, makes the Daemon kwargs of what make() was called with); stop them all
     afterwards (and check each left nothing on the host, if asked)."""
     made = []
     base = scratch_dir(prefix)
 
     def make(**kw):
-        d = Daemon(base / f"d{len(made)}", **kw)
+        d = Daemon(base / f"d{len(made)}", **(kwargs(**kw) if kwargs else kw))
         made.append(d)
         return d.start()
 
@@ -50,6 +52,7 @@ def _own_daemons(prefix, check_clean=False):
         d.stop()
         if check_clean:
             d.assert_clean()
+        d.release_namespace()
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -63,6 +66,50 @@ def fresh_daemon():
 def fresh_daemon_module():
     """Daemons shared by one module's tests, each checked to leave nothing behind."""
     yield from _own_daemons("module-", check_clean=True)
+
+
+# --- the egress tests: their own hosts, names and CA (tests/egress_hosts.py) ---------
+
+@pytest.fixture(scope="module")
+def test_hosts():
+    """The egress tests' hosts for one module (tests/egress_hosts.py): HTTP and HTTPS
+    echo servers on 198.51.100.10 (api.test.example), .11 (data.), .12 (other.), the
+    names of addresses the proxy must refuse, `test_hosts.bundle` (this host's CAs
+    and the test CA: a daemon's --ca-bundle), `test_hosts.hosts_file` (a daemon's
+    hosts_file), `test_hosts.requests(...)` (what the servers received)."""
+    require(shutil.which("ip") and shutil.which("nsenter"), "iproute2's ip and util-linux's nsenter (host-tools.sh --test)")
+    with TestHosts() as hosts:
+        yield hosts
+
+
+def egress_daemon_kwargs(hosts, policy=None, name="egress", policies=None, args=(), **kw):
+    """harness.Daemon kwargs for a daemon that reaches the test hosts: `policy` (a
+    policy file's text) as policies/<name>.toml (and/or `policies`: {name: text}),
+    `--ca-bundle` the hosts' bundle, names resolved through their hosts file. The
+    rest (`env` for HTTPS_PROXY, `tokens`, ...) as Daemon takes it."""
+    policies = dict(policies or {})
+    if policy is not None:
+        policies[name] = policy
+    return {"policies": policies, "args": ["--ca-bundle", str(hosts.bundle), *args], "hosts_file": hosts.hosts_file, **kw}
+
+
+@pytest.fixture(scope="module")
+def egress_daemon(test_hosts):
+    """Starts daemons that reach the module's test hosts: `egress_daemon(policy=TEXT,
+    name="egress", args=(), env=None, ...)` (see egress_daemon_kwargs) returns a
+    running harness.Daemon; after the module each is stopped and checked to have left
+    nothing behind (its mounts are read in its own mount namespace)."""
+    yield from _own_daemons("egress-", check_clean=True, kwargs=lambda **kw: egress_daemon_kwargs(test_hosts, **kw))
+
+
+@pytest.fixture
+def upstream_proxy(test_hosts):
+    """An HTTP forward proxy on 127.0.0.1 that knows the test names and connects only to
+    198.51.100.0/24: start a daemon with env={"HTTPS_PROXY": upstream_proxy.url,
+    "HTTP_PROXY": upstream_proxy.url}; `.connections`, `.targets` and `.refused` tell
+    what it did (tests/egress_hosts.py, UpstreamProxy)."""
+    with UpstreamProxy(names=test_hosts.names) as proxy:
+        yield proxy
 
 
 def error_code(r):

@@ -348,7 +348,7 @@ done
 grep -q '^\[host\] installing .*debootstrap' "$base/make-run.log" || fail "make run did not install debootstrap itself (see $base/make-run.log)"
 grep -q '^\[rootfs\] done' "$base/make-run.log" || fail "the rootfs was not built in the tree"
 
-say "step 3/6: /v1/health and a run that makes a figure"
+say "step 3/6: /v1/health, a run that makes a figure, a run that installs a package"
 python3 - "$port" <<'PY' || fail "the daemon in the fresh tree did not answer as it should"
 import json, sys, urllib.request
 base = f"http://127.0.0.1:{sys.argv[1]}"
@@ -367,7 +367,12 @@ figures = [a for a in run["artifacts"] if a["kind"] == "figure"]
 assert len(figures) == 1 and figures[0]["mime_type"] == "image/png", run["artifacts"]
 png = urllib.request.urlopen(figures[0]["url"], timeout=30).read()
 assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000, png[:16]
-print(f"health ok (rootfs {health['rootfs_sha256'][:12]}), figure {figures[0]['path']} {len(png)} bytes")
+# Packages out of the box: the default policy installs from the real index, through
+# the egress proxy and the fresh host's CA bundle, into the run's session.
+pkg = json.loads(call("POST", "/v1/runs", {"code": "import tabulate\nprint(tabulate.__version__)", "packages": ["tabulate==0.9.0"]}))
+assert pkg["status"] == "ok" and pkg["stdout"] == "0.9.0\n", pkg
+assert "files.pythonhosted.org:443" in pkg["usage"]["net"]["hosts"], pkg["usage"]
+print(f"health ok (rootfs {health['rootfs_sha256'][:12]}), figure {figures[0]['path']} {len(png)} bytes, tabulate installed")
 PY
 # The rootfs built on this Debian 13 host, next to the recipe's: the content hash
 # must not depend on the host that built it.

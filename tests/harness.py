@@ -1,6 +1,12 @@
 """Starts real sandboxd daemons (as root) and talks to them through their real
 Unix socket and HTTP port. Shared by the tests (conftest.py) and bench/.
 
+A daemon started with `hosts_file=PATH` (the egress tests: tests/egress_hosts.py)
+resolves names through that file: it runs in a mount namespace of its own where PATH
+is bind-mounted on /etc/hosts (hosts_file_launcher); nothing else on the host
+changes. Its own mounts (workspaces, rootfs, /dev) then live in that namespace, not
+the host's: `mountinfo()` reads them there, also after the daemon stopped.
+
 Environment:
   SANDBOXD_BIN             the daemon binary (default target/release/sandboxd)
   SANDBOXD_ROOTFS_TARBALL  the rootfs tarball (default /var/cache/sandboxd/rootfs/current.tar.zst)
@@ -10,6 +16,7 @@ Environment:
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -43,6 +50,7 @@ workspace_mb = 16
 open_files = 64
 upload_mb = 2
 max_artifacts = 5
+packages_mb = 64
 """
 
 
@@ -124,8 +132,45 @@ def _is_slot(pid, binary=None):
     return exe == os.path.realpath(binary or BIN) and _cmdline(pid) == ["sandboxd", "__sandbox"] and uid == 0
 
 
+def _unescape_mountinfo(field):
+    """A mountinfo path field: spaces, tabs, newlines and backslashes are octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def hosts_file_launcher(hosts_file, own=None):
+    """The command prefix that runs a program in a mount namespace of its own with
+    `hosts_file` bind-mounted (read-only) on /etc/hosts: glibc's getaddrinfo, which
+    reads /etc/hosts and then asks DNS, sees the file, and nothing else on the host
+    changes. Its mounts are slaves of the host's: a mount or unmount of the host's
+    reaches it, none of its own reaches the host (this host's mounts are private
+    anyway; a systemd host's are shared). The copies of other test daemons' mounts
+    (below TEST_BASE, outside `own`) are detached inside at once, so the namespace
+    holds none of their workspaces or loop devices while it lives. `unshare` and
+    `sh` exec: the program keeps the pid of the command."""
+    for socket_path in ("/run/nscd/socket", "/var/run/nscd/socket"):
+        if os.path.exists(socket_path):
+            raise RuntimeError(f"nscd answers name lookups here ({socket_path}): it would bypass the hosts file")
+    nsswitch = Path("/etc/nsswitch.conf")
+    for line in nsswitch.read_text().splitlines() if nsswitch.exists() else []:
+        sources = line.split("#", 1)[0].split()
+        if sources[:1] == ["hosts:"] and sources[1:2] != ["files"]:
+            raise RuntimeError(f"/etc/nsswitch.conf does not read /etc/hosts first ({line.strip()!r})")
+    drop = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = Path(_unescape_mountinfo(line.split(" ")[4]))
+        if point.is_relative_to(TEST_BASE) and not (own and point.is_relative_to(own)):
+            drop.append(str(point))
+    drop.sort(key=lambda p: -p.count("/"))  # the deepest first
+    script = (
+        'hosts=$1; shift; while [ "$1" != -- ]; do umount -l -- "$1" 2>/dev/null; shift; done; shift; '
+        'mount --bind -- "$hosts" /etc/hosts && mount -o remount,bind,ro /etc/hosts && exec "$@"'
+    )
+    return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script, "sh",
+            str(hosts_file), *drop, "--"]
+
+
 class Daemon:
-    def __init__(self, base, policies=None, args=(), env=None, tokens=None, binary=None):
+    def __init__(self, base, policies=None, args=(), env=None, tokens=None, binary=None, hosts_file=None):
         self.base = Path(base)
         # Another build of the daemon (bench.py --vs), its libsandboxd.so beside it.
         self.binary = Path(binary or BIN)
@@ -139,14 +184,19 @@ class Daemon:
         self.tokens = tokens or []
         self.args = list(args)
         self.env = env or {}
+        # Names resolved through this hosts file (see hosts_file_launcher).
+        self.hosts_file = Path(hosts_file) if hosts_file else None
+        self._mntns = None  # with hosts_file: the daemon's mount namespace, held (mountinfo())
         self.proc = None
         if not self.policies.exists():
             shutil.copytree(REPO / "policies", self.policies)
             # A daemon refuses a session (507) that its state filesystem could not
             # hold filled up, and a suite's shared daemon holds hundreds: the
-            # default policy's workspaces are smaller here (uploads still fit).
+            # default policy's workspaces and package layers are smaller here
+            # (uploads, and the packages the tests install, still fit).
             default = self.policies / "default.toml"
-            default.write_text(default.read_text().replace("workspace_mb = 1024", "workspace_mb = 128"))
+            default.write_text(default.read_text().replace("workspace_mb = 1024", "workspace_mb = 128")
+                               .replace("packages_mb = 512", "packages_mb = 64"))
             (self.policies / "tiny.toml").write_text(TEST_POLICY)
             for name, text in (policies or {}).items():
                 (self.policies / f"{name}.toml").write_text(text)
@@ -170,9 +220,19 @@ class Daemon:
         if not any(a.startswith("--max-sessions") for a in self.args):
             # Runs without a session_id each make a session: leave room for a suite.
             cmd += ["--max-sessions", "500"]
+        if not any(a.startswith("--package-cache-dir") for a in self.args):
+            # A package cache of its own: what a test's installs download does not
+            # depend on what other daemons of the run fetched.
+            cmd += ["--package-cache-dir", str(self.base / "package-cache")]
         if self.tokens:
             cmd += ["--tokens", ",".join(self.tokens)]
         return cmd + self.args
+
+    def launch_command(self):
+        """command(), in a mount namespace of its own where hosts_file is /etc/hosts."""
+        if self.hosts_file is None:
+            return self.command()
+        return hosts_file_launcher(self.hosts_file, own=self.base) + self.command()
 
     def start(self, timeout=120):
         self.state.mkdir(parents=True, exist_ok=True)
@@ -183,14 +243,19 @@ class Daemon:
             link.symlink_to(SHARED_ROOTFS)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SANDBOXD_LOG": "info,sandboxd=debug"}
         env.update(self.env)
+        self.release_namespace()  # a previous start's
+        if self.hosts_file is not None and not self.hosts_file.is_file():
+            raise FileNotFoundError(f"hosts_file {self.hosts_file} is missing")
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=self.log, stderr=self.log, env=env)
+        self.proc = subprocess.Popen(self.launch_command(), stdout=self.log, stderr=self.log, env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sandboxd exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
                 if self.uds().get("/v1/health").status_code == 200:
+                    if self.hosts_file is not None:
+                        self._hold_namespace()
                     return self
             except httpx.TransportError:
                 pass
@@ -263,10 +328,51 @@ class Daemon:
             assert time.time() < deadline, f"the pool did not fill: {pool}\n{self.log_text()}"
             time.sleep(0.1)
 
+    def _hold_namespace(self):
+        """Keep the daemon's mount namespace open (an fd), so that what it left
+        mounted there can still be read once it has stopped: a namespace goes, its
+        mounts with it, when its last process and reference do."""
+        fd = os.open(f"/proc/{self.proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(fd).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            os.close(fd)
+            raise RuntimeError("the daemon started with hosts_file runs in the host's mount namespace")
+        self._mntns = fd
+
+    def release_namespace(self):
+        """Let the kernel drop a stopped daemon's mount namespace (and whatever it
+        left mounted there). start() does it for the previous start; the module
+        fixtures after their check."""
+        if self._mntns is not None:
+            os.close(self._mntns)
+            self._mntns = None
+
+    def __del__(self):
+        if getattr(self, "_mntns", None) is not None:
+            self.release_namespace()
+
+    def mountinfo(self):
+        """The mount table the daemon mounts in: the host's, or with hosts_file its
+        own namespace's (while it runs, through its pid; once stopped, through the
+        namespace start() holds)."""
+        if self.hosts_file is None:
+            return Path("/proc/self/mountinfo").read_text()
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                return Path(f"/proc/{self.proc.pid}/mountinfo").read_text()
+            except OSError:
+                pass  # it has just exited
+        if self._mntns is None:
+            # Never started, or its namespace released: nothing of it is mounted anywhere.
+            return ""
+        r = subprocess.run(["nsenter", f"--mount=/proc/self/fd/{self._mntns}", "cat", "/proc/self/mountinfo"],
+                           capture_output=True, text=True, pass_fds=(self._mntns,), check=True)
+        return r.stdout
+
     def leftovers(self):
         """What a finished run must not leave on the host. While the daemon runs, its
         only cgroups are idle slots, each holding its one slot process; once it has
-        stopped, nothing at all."""
+        stopped, nothing at all. (Mounts are read where the daemon mounts: with
+        hosts_file, in its own mount namespace, see mountinfo().)"""
         running = self.proc is not None and self.proc.poll() is None
         found = {}
         procs = []
@@ -312,16 +418,19 @@ class Daemon:
             found["cgroups"] = groups
         sessions = self.state / "sessions"
         mounts = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        for line in self.mountinfo().splitlines():
             point = Path(line.split(" ")[4])
             if str(self.base) not in line:
                 continue
-            # A running daemon keeps each session's workspace image mounted on its data/,
-            # its rootfs image (shared with other test daemons) on mnt/rootfs, and the
-            # sandboxes' /dev on mnt/dev.
-            if running and point.parent.parent == sessions and point.name == "data":
+            if self.hosts_file is not None and point == Path("/etc/hosts"):
+                continue  # the launcher's own bind mount
+            # A running daemon keeps each session's workspace image mounted on its data/
+            # (and its package layer on packages/), its rootfs image (shared with other
+            # test daemons) on mnt/rootfs, the sandboxes' /dev on mnt/dev, and their CA
+            # bundle on mnt/egress.
+            if running and point.parent.parent == sessions and point.name in ("data", "packages"):
                 continue
-            if running and point in (self.state / "mnt" / "rootfs", self.state / "mnt" / "dev"):
+            if running and point in (self.state / "mnt" / "rootfs", self.state / "mnt" / "dev", self.state / "mnt" / "egress"):
                 continue
             mounts.append(line)
         if mounts:

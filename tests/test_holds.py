@@ -367,10 +367,16 @@ def test_one_token_holds_at_most_its_connections(fresh_daemon):
 
     held = [stalled_upload("tok-a"), stalled_upload("tok-a")]
     try:
-        time.sleep(0.5)
-        # A third connection of tok-a: refused, and closed.
-        s = socket.create_connection(("127.0.0.1", d.port))
-        status, headers, body = send_request(s, d.port, "GET", "/v1/sessions", ["Authorization: Bearer tok-a"])
+        # A third connection of tok-a, once the daemon has read both uploads'
+        # headers (a busy machine may take a moment): refused, and closed.
+        deadline = time.monotonic() + 15
+        while True:
+            s = socket.create_connection(("127.0.0.1", d.port))
+            status, headers, body = send_request(s, d.port, "GET", "/v1/sessions", ["Authorization: Bearer tok-a"])
+            if status != 200 or time.monotonic() > deadline:
+                break
+            s.close()
+            time.sleep(0.2)
         assert status == 429 and json.loads(body)["error"]["code"] == "max_connections", body
         assert "token_max_connections" in json.loads(body)["error"]["message"]
         assert headers.get("connection") == "close"

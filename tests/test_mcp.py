@@ -16,7 +16,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from harness import CTL
 
-TOOLS = {"run_python", "run_shell", "create_session", "list_sessions", "close_session", "upload_file", "list_files", "read_file"}
+TOOLS = {"run_python", "run_shell", "create_session", "list_sessions", "close_session", "install_packages", "upload_file",
+         "list_files", "read_file"}
 
 
 @asynccontextmanager
@@ -65,6 +66,33 @@ def test_tools_are_listed_with_schemas_descriptions_and_annotations(daemon, tran
             assert run.annotations.read_only_hint is False and run.annotations.destructive_hint is True
             assert tools["list_files"].annotations.read_only_hint is True
             assert tools["close_session"].annotations.destructive_hint is True
+            # The default policy's network, said to the model.
+            assert "Network: only pypi.org, files.pythonhosted.org (through a proxy)" in run.description
+            install = tools["install_packages"]
+            assert install.input_schema["required"] == ["packages"]
+            assert "A session holds up to 64 MiB of packages." in install.description  # the suite's default policy
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_install_packages_then_import_them(daemon, transport):
+    async def go():
+        async with connect(daemon, transport) as s:
+            made = await s.call_tool("install_packages", {"packages": ["six==1.16.0"]})
+            assert not made.is_error, text_of(made)
+            text = text_of(made)
+            assert text.startswith("note: this call made session ") and "installed: six==1.16.0" in text, text
+            sid = session_id(made)
+            run = await s.call_tool("run_python", {"session_id": sid, "code": "import six; print(six.__version__)"})
+            assert "--- stdout ---\n1.16.0" in text_of(run), text_of(run)
+            bad = await s.call_tool("install_packages", {"session_id": sid, "packages": ["six==0.0.0"]})
+            assert bad.is_error and text_of(bad).startswith("error package_install_failed: installing six==0.0.0 failed")
+            assert "Next: read the installer's message above" in text_of(bad)
+            # A refused install makes no session.
+            before = text_of(await s.call_tool("list_sessions", {}))
+            refused = await s.call_tool("install_packages", {"packages": ["--index-url=http://evil"]})
+            assert refused.is_error and "error invalid_request" in text_of(refused)
+            assert text_of(await s.call_tool("list_sessions", {})) == before
     asyncio.run(go())
 
 

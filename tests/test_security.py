@@ -333,7 +333,10 @@ print(json.dumps({"thread": box, "subprocess": p.stdout.strip()}))
     assert out == {"thread": [1], "subprocess": "hi"}
 
 
-def test_no_network(daemon):
+@pytest.mark.parametrize("policy", ["strict", "default"])
+def test_no_network(daemon, policy):
+    """`strict` has no network; `default` has its egress proxy on 127.0.0.1:3128 and
+    nothing else (tests/test_egress.py checks what goes through it)."""
     with daemon.http() as c:
         abi = c.get("/v1/health").json()["landlock_abi"]
     # EACCES on TCP connect and bind is Landlock's answer (ABI 4+); without it the
@@ -355,9 +358,10 @@ print(json.dumps({{
     "udp_dns": err(udp.sendto, b"x", ("8.8.8.8", 53)),
     "dns": dns,
     "bind": err(socket.socket().bind, ("127.0.0.1", 8080)),
+    "proxy": err(socket.create_connection, ("127.0.0.1", 3128), 3),
     "interfaces": ifaces,
 }}))
-''')
+''', policy=policy)
     assert out == {
         "public": "EACCES",
         "public6": "EACCES",
@@ -365,6 +369,7 @@ print(json.dumps({{
         "udp_dns": "ENETUNREACH",
         "dns": socket.EAI_AGAIN,
         "bind": "EACCES",
+        "proxy": "EACCES" if policy == "strict" else "ok",
         "interfaces": ["lo"],
     }
 
@@ -528,13 +533,26 @@ print(json.dumps(json.loads(child.stdout)))
     assert out[:3] == [0, 1, 2] and len(out) == 4
 
 
-def test_environment_is_the_allow_list(daemon):
-    out, _ = probe(daemon, "import json\nprint(json.dumps(dict(os.environ)))\n")
-    assert set(out) == {
-        "PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "MPLBACKEND", "MPLCONFIGDIR",
-        "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-    }
+BASE_ENV = {
+    "PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "MPLBACKEND", "MPLCONFIGDIR",
+    "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+}
+# With network: every client's proxy and CA bundle, and pip's index and manners.
+NETWORK_ENV = {
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy", "NO_PROXY", "no_proxy",
+    "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "PIP_INDEX_URL", "UV_INDEX_URL",
+    "PIP_ONLY_BINARY", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK",
+}
+
+
+@pytest.mark.parametrize("policy", ["strict", "default"])
+def test_environment_is_the_allow_list(daemon, policy):
+    out, _ = probe(daemon, "import json\nprint(json.dumps(dict(os.environ)))\n", policy=policy)
+    assert set(out) == (BASE_ENV if policy == "strict" else BASE_ENV | NETWORK_ENV)
     assert out["LANG"] == "C.UTF-8" and out["MPLBACKEND"] == "Agg" and out["HOME"] == "/tmp"
+    if policy == "default":
+        assert out["PATH"] == "/opt/packages/current/bin:/opt/py/bin:/usr/local/bin:/usr/bin:/bin"
+        assert out["HTTPS_PROXY"] == "http://127.0.0.1:3128" and out["PIP_INDEX_URL"] == "https://pypi.org/simple"
 
 
 def test_32bit_syscall_entry_kills_and_x32_is_refused(daemon):

@@ -215,7 +215,7 @@ def test_the_official_sdk_meets_the_cap_and_its_closes_free_places(fresh_daemon)
                     except BaseException as e:  # the SDK raises (or wraps) the HTTP error
                         refused = e
                     assert refused is not None
-                    assert len((await a.list_tools()).tools) == 8
+                    assert len((await a.list_tools()).tools) == 9
         async with sdk_client() as h4, sdk_client() as h5:
             async with streamable_http_client(f"{d.url}/mcp", http_client=h4) as s4, \
                     streamable_http_client(f"{d.url}/mcp", http_client=h5) as s5:

@@ -39,9 +39,11 @@ def shell_of(code):
 
 
 def check_shape(usage):
-    assert set(usage) == {"cpu_ms", "memory_peak_bytes", "pids_peak"}, usage
+    # The default policy has network: what the run did through the proxy (nothing).
+    assert set(usage) == {"cpu_ms", "memory_peak_bytes", "pids_peak", "net"}, usage
+    assert usage["net"]["connections"] == 0 and usage["net"]["hosts"] == []
     # This host's kernel reports all three.
-    assert all(isinstance(v, int) and v >= 0 for v in usage.values()), usage
+    assert all(isinstance(usage[k], int) and usage[k] >= 0 for k in ("cpu_ms", "memory_peak_bytes", "pids_peak")), usage
 
 
 def slot_of(daemon, run_id):

@@ -10,7 +10,10 @@ what its round-trip tests pin):
                             embeds this file in its binary)
   -> KernelMessage::Ready   `{"kind": "ready"}`: cells are served from now on
   <- KernelCell             one JSON line: `code`, `run_id`, `autosave`,
-                            `output_limit`, `nonce`
+                            `output_limit`, `nonce`, `env` (an object of
+                            NAME -> VALUE, set in os.environ before the cell: the
+                            session's secrets' placeholders, which may change
+                            between cells)
   -> KernelMessage::Chunk   `{"kind": "chunk", "nonce", "stream": "stdout"|"stderr",
                             "text"}`: the cell's output, as it arrives
   -> KernelMessage::Reply   `{"kind": "reply", "nonce", "result": Rich|null,
@@ -29,6 +32,12 @@ trusts none of it (the user's code shares this process): it bounds, checks and c
 it all itself. SIGINT (the daemon's timeout) interrupts the cell with
 KeyboardInterrupt and the state stays.
 
+Before each cell the kernel also looks for packages installed since the last one:
+the session's package layer (/opt/packages/current, made by its first install and
+swapped whole by each later one) goes on sys.path once it exists, and the import
+system forgets what it cached of directories, so a package installed while the
+kernel runs imports in the next cell, without a restart.
+
 A cell ends as a run does (sandboxd_outcome, shared with the runner): `sys.exit(x)`
 gives the exit code Python would and the kernel lives on; with `autosave`, the open
 figures are saved as `figure-<run8>-<n>.png` and closed. When the kernel's own
@@ -39,6 +48,7 @@ chunk and the kernel exits with 70 (EX_SOFTWARE); the daemon restarts it.
 import ast
 import builtins
 import codecs
+import importlib
 import json
 import os
 import socket
@@ -68,7 +78,18 @@ def _load_support():
     return module
 
 
+def _packages_layer():
+    """sitecustomize.add_packages_layer, from the sitecustomize the interpreter
+    imported at its start: the rootfs's or, in a rootfs older than this daemon,
+    Debian's, which has none."""
+    add = getattr(sys.modules.get("sitecustomize"), "add_packages_layer", None)
+    if add is None:
+        raise SystemExit("sandboxd: the rootfs's sitecustomize has no add_packages_layer: the rootfs is older than this daemon; rebuild it (rootfs/build.sh)")
+    return add
+
+
 outcome = _load_support()
+add_packages_layer = _packages_layer()
 WORKSPACE = outcome.WORKSPACE
 FIGURES = outcome.Figures()
 
@@ -155,6 +176,12 @@ def _clip(text, limit=16 * 1024):
 
 def run_cell(namespace, msg, channel):
     code = msg["code"]
+    os.environ.update(msg["env"])
+    # Packages installed since the last cell. Once the layer is on sys.path, what
+    # finds them is forgetting the directory listings the import system cached
+    # (adding the layer forgets them too).
+    if not add_packages_layer():
+        importlib.invalidate_caches()
     limit = int(msg["output_limit"])
     run_id, nonce = msg["run_id"], msg["nonce"]
     out, err = Capture(1, limit, "stdout", channel, nonce), Capture(2, limit, "stderr", channel, nonce)

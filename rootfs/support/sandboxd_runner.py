@@ -19,8 +19,12 @@ its types), and their bytes must stay what its round-trip tests pin:
     -> TemplateMessage::Reaped  `{"reaped": PID}`: that fork is gone
   a run's socket (ForkFds.socket, in the fork):
     -> ForkMessage::Entered     `{"entered": true}`: in its own sandbox, no code yet
-    <- RunCode                  `{"code", "run_id", "autosave"}` (the workspace is
-                                mounted by then): runs the code once
+    <- RunCode                  `{"code", "run_id", "autosave", "env"}` (the workspace,
+                                and the session's package layer if it has one, are
+                                mounted by then): sets `env` (an object of
+                                NAME -> VALUE: the session's secrets' placeholders)
+                                in os.environ, puts the layer on sys.path, runs the
+                                code once
     -> RunClaim::ExitCode       `{"exit_code": N}` (0..255), after closing its
                                 output; then waits until the daemon hangs up (or
                                 kills it)
@@ -29,7 +33,7 @@ its types), and their bytes must stay what its round-trip tests pin:
 
 The user's code shares the run's socket, so the daemon trusts none of it beyond what
 the run could choose itself; how the run really ended is the Report (see sandboxd's
-pool.rs and isolate/template.rs).
+pool.rs and isolate/pooled.rs).
 
 In both modes this prologue/epilogue prints nothing of its own, keeps the user's
 line numbers in tracebacks and the exit code Python would give (`sys.exit(x)`:
@@ -174,6 +178,13 @@ def _forked(enter, spec, template_sock, fds):
             os._exit(0)
         msg = json.loads(line)
         os.chdir(WORKSPACE)  # the workspace is mounted over the directory we started in
+        # The run's session, known only now: its variables, and its package layer
+        # (mounted since the template started, which found /opt/packages empty).
+        # sitecustomize is the one the interpreter imported at its start.
+        os.environ.update(msg["env"])
+        import sitecustomize
+
+        sitecustomize.add_packages_layer()
         namespace = {}
         exit_code = run(msg["code"], msg["run_id"], bool(msg["autosave"]), namespace)
         # RunClaim::ExitCode, made before the user's code could break `json`.

@@ -6,9 +6,11 @@
 use crate::model::check::Report;
 use crate::model::error::Code;
 use crate::model::files::FileEntry;
+use crate::model::packages::{InstallRequest, InstallResult};
 use crate::model::policy::PolicyLimits;
 use crate::model::records::{RunPage, RunRecord};
 use crate::model::run::{RunRequest, RunResult};
+use crate::model::secrets::{SecretInfo, SecretRequest};
 use crate::model::session::{CreateSessionRequest, SessionInfo, StatusAnswer};
 use crate::names;
 use http_body_util::{BodyExt, Full};
@@ -203,6 +205,25 @@ impl Client {
         self.call("GET", &format!("/v1/sessions/{}/runs/{}", segment(id), segment(run_id)), NO_BODY).await
     }
 
+    /// Install packages into a session's package layer.
+    pub async fn install_packages(&self, id: &str, req: &InstallRequest) -> Result<InstallResult, ClientError> {
+        self.call("POST", &format!("/v1/sessions/{}/packages", segment(id)), Some(req)).await
+    }
+
+    /// Set a session's own secret `name` (its value is never answered back).
+    pub async fn set_secret(&self, id: &str, name: &str, req: &SecretRequest) -> Result<SecretInfo, ClientError> {
+        self.call("PUT", &format!("/v1/sessions/{}/secrets/{}", segment(id), segment(name)), Some(req)).await
+    }
+
+    /// A session's secrets: names and hosts.
+    pub async fn list_secrets(&self, id: &str) -> Result<Vec<SecretInfo>, ClientError> {
+        self.call("GET", &format!("/v1/sessions/{}/secrets", segment(id)), NO_BODY).await
+    }
+
+    pub async fn delete_secret(&self, id: &str, name: &str) -> Result<StatusAnswer, ClientError> {
+        self.call("DELETE", &format!("/v1/sessions/{}/secrets/{}", segment(id), segment(name)), NO_BODY).await
+    }
+
     /// Run `req` (in `req.session_id`, or in a new session) and wait for its result.
     pub async fn run(&self, req: &RunRequest) -> Result<RunResult, ClientError> {
         self.call("POST", "/v1/runs", Some(req)).await
@@ -353,11 +374,11 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let newer = api_error(422, br#"{"error":{"code":"package_install_failed","message":"pip: no"}}"#);
-        assert!(
-            matches!(&newer, ClientError::Api { code: ErrorCode::Unknown(c), .. } if c == "package_install_failed")
-        );
-        assert_eq!(newer.to_string(), "pip: no (package_install_failed)");
+        let newer = api_error(400, br#"{"error":{"code":"language_unavailable","message":"no ruby"}}"#);
+        assert!(matches!(&newer, ClientError::Api { code: ErrorCode::Unknown(c), .. } if c == "language_unavailable"));
+        assert_eq!(newer.to_string(), "no ruby (language_unavailable)");
+        let failed = api_error(422, br#"{"error":{"code":"package_install_failed","message":"no wheel"}}"#);
+        assert!(matches!(failed, ClientError::Api { code: ErrorCode::Known(Code::PackageInstallFailed), .. }));
         let bare = api_error(502, b"<html>");
         assert!(
             matches!(bare, ClientError::Api { code: ErrorCode::Unknown(c), message, .. } if c == "http_error" && message == "HTTP 502")

@@ -129,6 +129,24 @@ pub struct Settings {
     /// Seconds that running runs get to finish at shutdown before they are killed.
     #[arg(long, env = "SANDBOXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
+    /// The host's CA bundle (PEM): the egress proxy verifies real servers against
+    /// it, and sandboxes with network trust it (with the proxy's own CA). Default:
+    /// the first of /etc/ssl/certs/ca-certificates.crt (Debian, Ubuntu),
+    /// /etc/pki/tls/certs/ca-bundle.crt (Fedora), /etc/ssl/ca-bundle.pem (openSUSE)
+    /// that exists.
+    #[arg(long, env = "SANDBOXD_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
+    /// Directory of the package cache (files of the package index, shared by every
+    /// session's installs, checked against their digests); default /var/cache/sandboxd/packages.
+    #[arg(long, env = "SANDBOXD_PACKAGE_CACHE_DIR")]
+    pub package_cache_dir: Option<PathBuf>,
+    /// Most MiB the package cache holds (the files used longest ago go first); 0 turns it off.
+    #[arg(long, env = "SANDBOXD_PACKAGE_CACHE_MB")]
+    pub package_cache_mb: Option<u64>,
+    /// Hosts whose files the package cache keeps (their URLs name each file's
+    /// BLAKE2b-256 digest, as PyPI's do), comma-separated; default files.pythonhosted.org.
+    #[arg(long, env = "SANDBOXD_PACKAGE_CACHE_HOSTS", value_delimiter = ',')]
+    pub package_cache_hosts: Option<Vec<String>>,
     /// Log format: text or json.
     #[arg(long, env = "SANDBOXD_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -181,8 +199,20 @@ pub struct Config {
     pub ready_sandboxes: usize,
     pub pool_size: usize,
     pub shutdown_grace_s: u64,
+    pub ca_bundle: PathBuf,
+    pub package_cache_dir: PathBuf,
+    pub package_cache_mb: u64,
+    pub package_cache_hosts: Vec<String>,
     pub log_format: String,
     pub log: String,
+}
+
+/// Where the host's CA bundle is on the distributions sandboxd knows, in order.
+pub const CA_BUNDLES: [&str; 3] =
+    ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem"];
+
+fn default_ca_bundle() -> PathBuf {
+    CA_BUNDLES.iter().map(PathBuf::from).find(|p| p.is_file()).unwrap_or_else(|| CA_BUNDLES[0].into())
 }
 
 fn redact<S: serde::Serializer>(tokens: &[String], s: S) -> Result<S::Ok, S::Error> {
@@ -241,6 +271,10 @@ impl Config {
             ready_sandboxes,
             pool_size,
             shutdown_grace_s,
+            ca_bundle,
+            package_cache_dir,
+            package_cache_mb,
+            package_cache_hosts,
             log_format,
             log
         );
@@ -392,6 +426,10 @@ impl Config {
             ready_sandboxes: s.ready_sandboxes.unwrap_or(2).min(64),
             pool_size: s.pool_size.unwrap_or(2).min(64),
             shutdown_grace_s: s.shutdown_grace_s.unwrap_or(10),
+            ca_bundle: s.ca_bundle.unwrap_or_else(default_ca_bundle),
+            package_cache_dir: s.package_cache_dir.unwrap_or_else(|| "/var/cache/sandboxd/packages".into()),
+            package_cache_mb: s.package_cache_mb.unwrap_or(4096).min(1 << 30),
+            package_cache_hosts: s.package_cache_hosts.unwrap_or_else(|| vec!["files.pythonhosted.org".into()]),
             log_format,
             log: s.log.unwrap_or_else(|| "info".into()),
         })

@@ -47,6 +47,10 @@ pub enum Error {
     OwnerKey(#[from] crate::owner::Error),
     #[error(transparent)]
     Uids(#[from] crate::uids::claim::Error),
+    #[error(transparent)]
+    Egress(#[from] crate::egress::Error),
+    #[error("{0}")]
+    Secrets(String),
 }
 
 fn init_logging(config: &Config) {
@@ -123,10 +127,15 @@ async fn serve_with(
         .map_err(|e| Error::State(config.state_dir.clone(), std::io::Error::other(e)))??;
     tracing::info!(path = %rootfs.path.display(), python = %rootfs.manifest["python_version"], "rootfs ready");
 
+    // Every policy's secrets, read now: a policy whose secret cannot be read stops
+    // the start, naming it.
+    let secrets = crate::session::secrets::resolve(policies.values()).map_err(Error::Secrets)?;
+    let network = policies.values().any(|p| p.network == crate::model::policy::Network::Allowlist);
     let sessions =
         Manager::new(&config.state_dir, policies, config.max_sessions, config.session_ttl_s, config.uid_base)
             .map_err(|e| Error::State(config.state_dir.clone(), e))?
-            .with_token_quotas(config.token_max_sessions, config.token_max_runs);
+            .with_token_quotas(config.token_max_sessions, config.token_max_runs)
+            .with_secrets(secrets);
     // Owner ids of tokens are keyed with this daemon's secret; sessions an
     // earlier daemon keyed the old way are moved to theirs as they are taken back.
     let owner_key = crate::owner::OwnerKey::load_or_create(&config.state_dir)?;
@@ -148,8 +157,12 @@ async fn serve_with(
         .require()
         .map_err(Error::from)
         .and_then(|()| crate::uids::claim::claim(&inputs.uids).map_err(Error::from));
-    let _uids_claimed = match claimed {
-        Ok(claim) => claim,
+    // The egress proxy, when any policy has network: its CA, the bundle sandboxes
+    // trust, the package cache. Made once the claim is held: its bundle is mounted
+    // in the state directory, which a start that fails must leave as it was.
+    let started = claimed.and_then(|claim| Ok((claim, egress(&config, network)?)));
+    let (_uids_claimed, egress) = match started {
+        Ok(both) => both,
         Err(e) => {
             sessions.unmount_all().await;
             rootfs.unmount();
@@ -163,6 +176,7 @@ async fn serve_with(
         sandboxes.clone(),
         library,
         rootfs.path.clone(),
+        egress.as_ref().map(|e| e.bundle_path().to_path_buf()),
         sessions.policies().map(|p| (p.name.clone(), p.clone())).collect(),
         config.pool_size,
         uids.pool,
@@ -173,6 +187,7 @@ async fn serve_with(
         pool: pool.clone(),
         rootfs: rootfs.path.clone(),
         public_url: config.public_url.clone(),
+        egress: egress.clone(),
     };
     // `GET /v1/check` and health check the host with the uids found here.
     let service = crate::service::Service::new(sessions.clone(), ctx, inputs);
@@ -274,9 +289,28 @@ async fn serve_with(
     }
     sessions.unmount_all().await;
     rootfs.unmount();
+    if let Some(e) = &egress {
+        e.unmount();
+    }
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The egress proxy, when some policy has network (`network`).
+fn egress(config: &Config, network: bool) -> Result<Option<Arc<crate::egress::Egress>>, Error> {
+    if !network {
+        return Ok(None);
+    }
+    let egress = crate::egress::Egress::new(&crate::egress::Config {
+        state_dir: config.state_dir.clone(),
+        ca_bundle: config.ca_bundle.clone(),
+        cache_dir: config.package_cache_dir.clone(),
+        cache_bytes: config.package_cache_mb * 1024 * 1024,
+        cache_hosts: config.package_cache_hosts.clone(),
+    })?;
+    tracing::info!(ca_bundle = %config.ca_bundle.display(), package_cache = %config.package_cache_dir.display(), "egress proxy ready");
+    Ok(Some(egress))
 }
 
 /// A TCP listener on `addr`, and the address it got (the port, when `addr` asked for 0).

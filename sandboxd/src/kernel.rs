@@ -46,7 +46,6 @@ use crate::model::run::RunUsage;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -94,6 +93,9 @@ pub struct CellRequest {
     pub autosave: bool,
     /// Bytes of each stream the kernel keeps (the daemon keeps no more either).
     pub output_limit: usize,
+    /// What the kernel's environment takes before the cell (the session's secrets'
+    /// placeholders, which a session may set between cells).
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// What a cell sends back, within the daemon's bounds.
@@ -211,7 +213,7 @@ pub enum CellEnd {
     Done { reply: CellReply, interrupted: bool, usage: RunUsage },
     /// The kernel is gone, for the reason `cut` says; `outcome`: how its sandbox
     /// ended. `stdout`/`stderr`: the cell's output until then.
-    Died { cut: Cutoff, outcome: Option<Outcome>, stdout: Kept, stderr: Kept, usage: RunUsage },
+    Died { cut: Cutoff, outcome: Option<Box<Outcome>>, stdout: Kept, stderr: Kept, usage: RunUsage },
 }
 
 pub struct Kernel {
@@ -222,6 +224,9 @@ pub struct Kernel {
     task: JoinHandle<Result<Outcome, isolate::Error>>,
     /// The kernel's sandbox's cgroup, where each cell is measured.
     cgroup: Option<isolate::cgroup::RunCgroup>,
+    /// The egress proxy serving the kernel's sandbox (a policy with network), and
+    /// the session as it serves it: each cell's use is counted apart.
+    egress: Option<(crate::egress::Serving, Arc<crate::egress::Tenant>)>,
 }
 
 /// How sending a cell to the kernel ended.
@@ -235,10 +240,14 @@ enum Written {
 /// Everything a kernel needs to start.
 pub struct StartSpec<'a> {
     pub session_id: &'a str,
-    pub rootfs: &'a Path,
-    pub workspace: &'a Path,
+    /// Where its sandbox's files come from (the workspace and package layer given).
+    pub at: crate::plan::Where<'a>,
     pub uid: u32,
     pub policy: &'a Policy,
+    /// What its environment gains (the session's secrets' placeholders).
+    pub env: &'a std::collections::BTreeMap<String, String>,
+    /// The egress proxy and the session as it serves it, for a policy with network.
+    pub egress: Option<(Arc<crate::egress::Egress>, Arc<crate::egress::Tenant>)>,
 }
 
 impl Kernel {
@@ -252,9 +261,11 @@ impl Kernel {
         // a file there (`json.py`, `threading.py`) cannot replace a module kernel.py
         // imports; kernel.py adds the workspace for the user's code after its imports.
         let argv = vec![crate::plan::PYTHON.into(), "-P".into(), "-c".into(), BOOTSTRAP.into()];
+        let mut spec = crate::plan::sandbox_spec(&s.at, s.uid, policy, argv, None);
+        spec.env.extend(s.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let run = isolate::Run {
             id: format!("kernel-{}", s.session_id),
-            spec: crate::plan::sandbox_spec(s.rootfs, Some(s.workspace), s.uid, policy, argv, None),
+            spec,
             limits: crate::plan::cgroup_limits(policy),
             // The kernel lives as long as its session; cells have their own limit.
             timeout: Duration::from_secs(400 * 86400),
@@ -271,8 +282,15 @@ impl Kernel {
         });
 
         let mut channel = Channel::new(stream, MAX_LINE);
+        let egress = s.egress;
         let ready = async {
-            let init_pid = started_rx.await.map_err(|_| "the sandbox did not start".to_string())?;
+            let started = started_rx.await.map_err(|_| "the sandbox did not start".to_string())?;
+            // The kernel's proxy is served from its start: a cell may reach out.
+            let serving = match (egress, started.listener) {
+                (Some((proxy, tenant)), Some(listener)) => Some((proxy.serve(listener, tenant.clone()), tenant)),
+                _ => None,
+            };
+            let init_pid = (started.init_pid, serving);
             match channel.recv::<KernelMessage>().await {
                 Ok(Some(KernelMessage::Ready {})) => Ok(init_pid),
                 Ok(Some(_)) => Err("it sent something else than \"ready\" first".to_string()),
@@ -290,7 +308,9 @@ impl Kernel {
         };
         match outcome {
             // The cgroup was sent before the sandbox started.
-            Ok(init_pid) => Ok(Kernel { channel, init_pid, cancel, task, cgroup: cgroup_rx.try_recv().ok() }),
+            Ok((init_pid, egress)) => {
+                Ok(Kernel { channel, init_pid, cancel, task, cgroup: cgroup_rx.try_recv().ok(), egress })
+            }
             Err(e) => {
                 let _ = cancel.send(true);
                 let _ = task.await;
@@ -311,6 +331,9 @@ impl Kernel {
     ) -> (Option<Kernel>, CellEnd) {
         let nonce = uuid::Uuid::new_v4().simple().to_string();
         let mut state = Cell::new(nonce.clone(), cell.output_limit);
+        if let Some((_, tenant)) = &self.egress {
+            tenant.begin(&cell.run_id);
+        }
         // The kernel's interpreter is the cell's own task; the rest of the sandbox is not.
         let baseline = self.cgroup.as_ref().map(|cg| isolate::Baseline::take(cg, 1));
         // A slow streaming client must not hold up the cell's time limit: chunks go
@@ -340,6 +363,7 @@ impl Kernel {
             autosave: cell.autosave,
             output_limit: cell.output_limit,
             nonce: &nonce,
+            env: &cell.env,
         };
         let written = tokio::select! {
             r = self.channel.send(&sent) => if r.is_ok() { Written::Yes } else { Written::Failed },
@@ -373,7 +397,8 @@ impl Kernel {
                         }
                         Ok(Step::Nothing) => {}
                         Ok(Step::Reply(reply)) => {
-                            let usage = self.usage(baseline.as_ref());
+                            let mut usage = self.usage(baseline.as_ref());
+                            usage.net = self.egress.as_ref().map(|(_, tenant)| tenant.net());
                             return (Some(self), CellEnd::Done { reply, interrupted, usage });
                         }
                         Err(what) => {
@@ -395,15 +420,17 @@ impl Kernel {
     /// [`Cutoff::patience`]) and say how the cell ended.
     async fn died(self, cell: Cell, cut: Cutoff, baseline: Option<isolate::Baseline>) -> (Option<Kernel>, CellEnd) {
         let cgroup = self.cgroup.clone();
+        let net = self.egress.as_ref().map(|(_, tenant)| tenant.net());
         let outcome = self.end(cut.patience()).await;
         // Read once the kernel's processes are gone (its slot is idle again, or
         // removed: then the figures are null).
-        let usage = match (cgroup, baseline) {
+        let mut usage = match (cgroup, baseline) {
             (Some(cg), Some(b)) => b.usage(&cg).run,
             _ => RunUsage::default(),
         };
+        usage.net = net;
         let Cell { stdout, stderr, .. } = cell;
-        (None, CellEnd::Died { cut, outcome, stdout, stderr, usage })
+        (None, CellEnd::Died { cut, outcome: outcome.map(Box::new), stdout, stderr, usage })
     }
 
     /// What the cell that began at `baseline` used.

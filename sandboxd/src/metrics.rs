@@ -73,6 +73,11 @@ pub struct Metrics {
     oom_kills: Counter,
     timeouts: Counter,
     api_errors: Family<Labels, Counter>,
+    egress_connections: Counter,
+    egress_refusals: Family<Labels, Counter>,
+    egress_bytes: Family<Labels, Counter>,
+    package_cache: Family<Labels, Counter>,
+    package_installs: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -85,6 +90,11 @@ impl Default for Metrics {
             oom_kills: Counter::default(),
             timeouts: Counter::default(),
             api_errors: Family::default(),
+            egress_connections: Counter::default(),
+            egress_refusals: Family::default(),
+            egress_bytes: Family::default(),
+            package_cache: Family::default(),
+            package_installs: Family::default(),
         }
     }
 }
@@ -133,6 +143,33 @@ impl Metrics {
         self.api_errors.get_or_create(&vec![("code", code.to_string())]).inc();
     }
 
+    /// A sandbox reached a host through the egress proxy.
+    pub fn egress_connection(&self) {
+        self.egress_connections.inc();
+    }
+
+    /// The egress proxy refused a sandbox's request with `code`.
+    pub fn egress_refused(&self, code: &str) {
+        self.egress_refusals.get_or_create(&vec![("code", code.to_string())]).inc();
+    }
+
+    /// `n` bytes went through the egress proxy to a sandbox (`to_sandbox`) or from one.
+    pub fn egress_bytes(&self, to_sandbox: bool, n: u64) {
+        let direction = if to_sandbox { "in" } else { "out" };
+        self.egress_bytes.get_or_create(&vec![("direction", direction.to_string())]).inc_by(n);
+    }
+
+    /// A package file was asked of the cache: there (`hit`), or fetched from the index.
+    pub fn package_cache(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.package_cache.get_or_create(&vec![("result", result.to_string())]).inc();
+    }
+
+    /// A package install ended (`ok`, `failed`, `timeout`).
+    pub fn package_install(&self, status: &str) {
+        self.package_installs.get_or_create(&vec![("status", status.to_string())]).inc();
+    }
+
     /// Everything, in the Prometheus text format.
     pub fn render(&self, live: &Live) -> String {
         let mut reg = Registry::with_prefix("sandboxd");
@@ -151,6 +188,23 @@ impl Metrics {
         reg.register("oom_kills", "Runs ended by the OOM killer", self.oom_kills.clone());
         reg.register("timeouts", "Runs ended by their time limit", self.timeouts.clone());
         reg.register("api_errors", "Error answers of the API, by error code", self.api_errors.clone());
+        reg.register(
+            "egress_connections",
+            "Hosts sandboxes reached through the egress proxy",
+            self.egress_connections.clone(),
+        );
+        reg.register("egress_refusals", "Requests the egress proxy refused, by code", self.egress_refusals.clone());
+        reg.register(
+            "egress_bytes",
+            "Bytes through the egress proxy, into sandboxes (in) and out of them (out)",
+            self.egress_bytes.clone(),
+        );
+        reg.register(
+            "package_cache_requests",
+            "Package files asked of the daemon's cache, by result (hit: served from it; miss: fetched and kept)",
+            self.package_cache.clone(),
+        );
+        reg.register("package_installs", "Package installs, by status", self.package_installs.clone());
 
         let idle: Family<Labels, Gauge> = Family::default();
         for (policy, n) in &live.pool_idle {
@@ -189,6 +243,12 @@ mod tests {
         m.run_ended(Mode::Kernel, "python", "oom", &phases);
         m.run_ended(Mode::Pooled, "python", "timeout", &phases);
         m.api_error("session_not_found");
+        m.egress_connection();
+        m.egress_refused("host_not_allowed");
+        m.egress_bytes(true, 100);
+        m.egress_bytes(false, 7);
+        m.package_cache(true);
+        m.package_install("ok");
         let live = Live {
             pool_idle: vec![("default".into(), 2)],
             pool_hits: 7,
@@ -209,6 +269,12 @@ mod tests {
             r#"sandboxd_sessions{mode="kernel"} 1"#,
             r#"sandboxd_run_setup_seconds_bucket{mode="cold",le="0.05"} 2"#,
             r#"sandboxd_run_execution_seconds_count{mode="cold"} 2"#,
+            "sandboxd_egress_connections_total 1",
+            r#"sandboxd_egress_refusals_total{code="host_not_allowed"} 1"#,
+            r#"sandboxd_egress_bytes_total{direction="in"} 100"#,
+            r#"sandboxd_egress_bytes_total{direction="out"} 7"#,
+            r#"sandboxd_package_cache_requests_total{result="hit"} 1"#,
+            r#"sandboxd_package_installs_total{status="ok"} 1"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
         }

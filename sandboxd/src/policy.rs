@@ -4,7 +4,8 @@
 //! values out of range are refused when the policy is loaded, with a message that
 //! names the file, the field and the allowed values.
 
-use crate::model::policy::{NoNetwork, Policy};
+use crate::egress::rules;
+use crate::model::policy::{Network, Policy, SecretRule};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -41,7 +42,14 @@ impl Default for Policy {
             workspace_mb: 1024,
             file_size_mb: 1024,
             open_files: 1024,
-            network: NoNetwork,
+            network: Network::Allowlist,
+            allow_hosts: DEFAULT_INDEX_HOSTS.map(String::from).to_vec(),
+            allow_ports: vec![443, 80],
+            index_url: DEFAULT_INDEX.into(),
+            packages_mb: 512,
+            source_builds: false,
+            install_timeout_s: 300,
+            secrets: vec![],
             autosave_figures: true,
             max_artifacts: 100,
             preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
@@ -51,6 +59,12 @@ impl Default for Policy {
 }
 
 const MIB: u64 = 1024 * 1024;
+/// The package index a policy uses unless it names another (`index_url`).
+pub const DEFAULT_INDEX: &str = "https://pypi.org/simple";
+/// The hosts the default index serves from: its pages, and its files.
+pub const DEFAULT_INDEX_HOSTS: [&str; 2] = ["pypi.org", "files.pythonhosted.org"];
+/// Environment variables a secret may not take: the sandbox's own.
+const RESERVED_NAMES: [&str; 6] = ["PATH", "HOME", "LANG", "PYTHONPATH", "SSL_CERT_FILE", "LD_PRELOAD"];
 /// The most `code_kb` a policy may set: the sandbox's spec, which carries the code,
 /// is read with a bound made from it ([`crate::isolate::spec::MAX_SPEC_LINE`]).
 pub const MAX_CODE_KB: u64 = 100 * 1024;
@@ -63,6 +77,56 @@ fn is_module_name(name: &str) -> bool {
             chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
         })
+}
+
+/// The host of an index URL (`http://` or `https://`), if it is one.
+pub fn index_host(url: &str) -> Option<rules::Host> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"))?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    if authority.contains('@') {
+        return None;
+    }
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if !h.ends_with(':') && port.parse::<u16>().is_ok() && !authority.ends_with(']') => h,
+        _ => authority,
+    };
+    rules::Host::parse(host).ok()
+}
+
+/// Whether `name` may name a secret's variable: a plain environment name, not
+/// one the sandbox's environment sets itself.
+pub fn is_secret_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 128
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !RESERVED_NAMES.contains(&name)
+        && !name.to_ascii_uppercase().ends_with("_PROXY")
+        && !name.starts_with("SANDBOXD_")
+}
+
+/// A secret's name, hosts (each allowed by the policy: `allowed`) and source.
+fn validate_secret(s: &SecretRule, allowed: &[rules::HostPattern]) -> Result<(), String> {
+    if !is_secret_name(&s.name) {
+        return Err("a name of letters, digits and _ (not PATH, HOME, LANG, PYTHONPATH, SSL_CERT_FILE, LD_PRELOAD, *_PROXY or SANDBOXD_*)".into());
+    }
+    let hosts = rules::patterns(&s.hosts)?;
+    if hosts.is_empty() {
+        return Err("at least one host in its hosts".into());
+    }
+    for (pattern, text) in hosts.iter().zip(&s.hosts) {
+        if !rules::covers(allowed, pattern) {
+            return Err(format!("hosts that allow_hosts allows ({text} is not)"));
+        }
+    }
+    if s.substitute_in.is_empty() {
+        return Err("substitute_in naming at least one of \"headers\", \"url\", \"body\"".into());
+    }
+    match s.value_from.split_once(':') {
+        Some(("env", var)) if !var.is_empty() => Ok(()),
+        Some(("file", path)) if path.starts_with('/') => Ok(()),
+        _ => Err("value_from = \"env:VARIABLE\" or \"file:/absolute/path\"".into()),
+    }
 }
 
 impl Policy {
@@ -80,6 +144,14 @@ impl Policy {
     }
     pub fn workspace_bytes(&self) -> u64 {
         self.workspace_mb * MIB
+    }
+    /// The size of a session's package layer; 0 when the policy installs nothing.
+    pub fn layer_bytes(&self) -> u64 {
+        if self.packages_enabled() {
+            self.packages_mb * MIB
+        } else {
+            0
+        }
     }
 
     /// Check every field against its allowed range.
@@ -127,6 +199,73 @@ impl Policy {
             });
         }
         int("preload (count)", self.preload.len() as u64, 0, 64)?;
+        int("packages_mb", self.packages_mb, 0, 1024 * 1024)?;
+        int("install_timeout_s", self.install_timeout_s, 1, 86400)?;
+        self.validate_network(file)
+    }
+
+    /// `network` and what goes with it: hosts, ports, the index, secrets.
+    fn validate_network(&self, file: &Path) -> Result<(), Error> {
+        let invalid = |field: &'static str, value: String, allowed: String| Error::Invalid {
+            file: file.into(),
+            field,
+            value,
+            allowed,
+        };
+        let hosts = rules::patterns(&self.allow_hosts)
+            .map_err(|e| invalid("allow_hosts", e, "names, *.names and IP addresses".into()))?;
+        if self.allow_hosts.len() > 256 {
+            return Err(invalid("allow_hosts", format!("{} hosts", self.allow_hosts.len()), "at most 256".into()));
+        }
+        if self.allow_ports.is_empty() || self.allow_ports.len() > 32 || self.allow_ports.contains(&0) {
+            return Err(invalid(
+                "allow_ports",
+                format!("{:?}", self.allow_ports),
+                "1 to 32 ports from 1 to 65535".into(),
+            ));
+        }
+        let index_host = index_host(&self.index_url).ok_or_else(|| {
+            invalid(
+                "index_url",
+                format!("{:?}", self.index_url),
+                "an http:// or https:// URL of a package index".into(),
+            )
+        })?;
+        if self.network == Network::None {
+            if let Some(s) = self.secrets.first() {
+                return Err(invalid(
+                    "secrets",
+                    format!("{:?} with network = \"none\"", s.name),
+                    "secrets only with network = \"allowlist\" (they are used through the egress proxy)".into(),
+                ));
+            }
+            return Ok(());
+        }
+        if hosts.is_empty() {
+            return Err(invalid(
+                "allow_hosts",
+                "[] with network = \"allowlist\"".into(),
+                "at least one host (or network = \"none\")".into(),
+            ));
+        }
+        if self.packages_mb > 0 && !hosts.iter().any(|p| p.matches(&index_host)) {
+            return Err(invalid(
+                "index_url",
+                format!("{:?}, whose host {} is not in allow_hosts", self.index_url, index_host.text()),
+                "an index whose host allow_hosts names (add it, and the host its files come from), or packages_mb = 0"
+                    .into(),
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for s in &self.secrets {
+            validate_secret(s, &hosts).map_err(|e| invalid("secrets", format!("{:?}", s.name), e))?;
+            if !names.insert(s.name.as_str()) {
+                return Err(invalid("secrets", format!("{:?} twice", s.name), "each name once".into()));
+            }
+        }
+        if self.secrets.len() > 64 {
+            return Err(invalid("secrets", format!("{} secrets", self.secrets.len()), "at most 64".into()));
+        }
         Ok(())
     }
 }
@@ -193,13 +332,67 @@ mod tests {
     }
 
     #[test]
-    fn network_none_is_read_and_shown_as_before() {
-        assert_eq!(p("network = \"none\"").unwrap(), Policy { name: "t".into(), ..Policy::default() });
+    fn network_is_none_or_an_allowlist_of_hosts() {
+        let none = p("network = \"none\"").unwrap();
+        assert_eq!(none.network, Network::None);
+        assert!(!none.packages_enabled());
         let err = p("network = \"host\"").unwrap_err().to_string();
-        assert!(err.contains(r#"network is "host"; allowed: "none""#), "{err}");
+        assert!(err.contains(r#"network is "host"; allowed: "none" (no network) or "allowlist""#), "{err}");
         assert!(p("network = 1").is_err());
         let shown = serde_json::to_value(Policy::default()).unwrap();
-        assert_eq!(shown["network"], "none");
+        assert_eq!(shown["network"], "allowlist");
+        assert_eq!(shown["allow_hosts"], serde_json::json!(["pypi.org", "files.pythonhosted.org"]));
+        assert!(Policy::default().packages_enabled());
+        let err = p("allow_hosts = []").unwrap_err().to_string();
+        assert!(err.contains("`allow_hosts` is [] with network = \"allowlist\"; allowed: at least one host"), "{err}");
+        let err = p("allow_hosts = [\"*.com\"]").unwrap_err().to_string();
+        assert!(err.contains("`allow_hosts`") && err.contains("not a host pattern"), "{err}");
+        let err = p("allow_ports = [0]").unwrap_err().to_string();
+        assert!(err.contains("`allow_ports`"), "{err}");
+        // The index must be reachable when packages are on; not when they are off.
+        let err = p("index_url = \"https://mirror.example/simple\"").unwrap_err().to_string();
+        assert!(err.contains("whose host mirror.example is not in allow_hosts"), "{err}");
+        assert!(p("index_url = \"https://mirror.example/simple\"\npackages_mb = 0").is_ok());
+        let mirror = p("index_url = \"https://mirror.example:8443/simple\"\nallow_hosts = [\"mirror.example\"]\nallow_ports = [8443]");
+        assert!(mirror.is_ok(), "{mirror:?}");
+        assert!(p("index_url = \"ftp://x\"").is_err() && p("index_url = \"https://u:p@pypi.org/\"").is_err());
+    }
+
+    #[test]
+    fn secrets_name_a_variable_hosts_the_policy_allows_and_a_source() {
+        let ok = |rest: &str| {
+            p(&format!("allow_hosts = [\"api.example.com\", \"*.example.org\"]\npackages_mb = 0\n[[secrets]]\nname = \"API_KEY\"\n{rest}"))
+        };
+        assert!(ok("hosts = [\"api.example.com\"]\nvalue_from = \"env:API_KEY\"").is_ok());
+        assert!(ok("hosts = [\"*.a.example.org\", \"x.example.org\"]\nvalue_from = \"file:/etc/k\"").is_ok());
+        for (rest, why) in [
+            ("hosts = [\"other.example\"]\nvalue_from = \"env:K\"", "other.example is not"),
+            ("hosts = []\nvalue_from = \"env:K\"", "at least one host"),
+            ("hosts = [\"api.example.com\"]\nvalue_from = \"K\"", "value_from"),
+            ("hosts = [\"api.example.com\"]\nvalue_from = \"file:rel\"", "value_from"),
+            ("hosts = [\"api.example.com\"]\nvalue_from = \"env:K\"\nextra = 1", "extra"),
+        ] {
+            let err = ok(rest).unwrap_err().to_string();
+            assert!(err.contains(why), "{rest}: {err}");
+        }
+        for bad in ["PATH", "HTTPS_PROXY", "https_proxy", "1X", "A-B", "SANDBOXD_X", ""] {
+            assert!(!is_secret_name(bad), "{bad}");
+        }
+        let err = p("network = \"none\"\n[[secrets]]\nname = \"K\"\nhosts = [\"pypi.org\"]\nvalue_from = \"env:K\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("only with network = \"allowlist\""), "{err}");
+    }
+
+    #[test]
+    fn an_index_urls_host_is_read_with_or_without_a_port() {
+        let h = |u: &str| index_host(u).map(|h| h.text());
+        assert_eq!(h("https://pypi.org/simple"), Some("pypi.org".into()));
+        assert_eq!(h("http://mirror.example:8080/simple/"), Some("mirror.example".into()));
+        assert_eq!(h("https://[2001:db8::1]/simple"), Some("[2001:db8::1]".into()));
+        assert_eq!(h("https://[2001:db8::1]:8443/simple"), Some("[2001:db8::1]".into()));
+        assert_eq!(h("pypi.org/simple"), None);
+        assert_eq!(h("https://user@pypi.org/"), None);
     }
 
     #[test]

@@ -150,6 +150,9 @@ pub struct Pool {
     /// `libsandboxd.so`, handed to each template's fork ([`isolate::fork`]).
     library: Option<std::fs::File>,
     rootfs: PathBuf,
+    /// The egress proxy's CA bundle, bound into templates of policies with network
+    /// (their forks inherit it).
+    ca_bundle: Option<PathBuf>,
     policies: BTreeMap<String, Arc<Policy>>,
     size: usize,
     /// Templates (and their forks) run as a uid of this range, not a session's
@@ -175,6 +178,7 @@ impl Pool {
         sandboxes: Arc<Sandboxes>,
         library: Option<std::fs::File>,
         rootfs: PathBuf,
+        ca_bundle: Option<PathBuf>,
         policies: BTreeMap<String, Arc<Policy>>,
         size: usize,
         uids: std::ops::Range<u32>,
@@ -185,6 +189,7 @@ impl Pool {
             sandboxes,
             library,
             rootfs,
+            ca_bundle,
             policies,
             size,
             uids,
@@ -283,14 +288,19 @@ impl Pool {
         let baseline = template.baseline();
         let attach_began = std::time::Instant::now();
         let started = async {
-            let forked = template.take_prepared().ok_or(isolate::Error::NoPreparedFork)?;
-            template.attach(&forked, job.workspace, job.owner_uid).await?;
-            let code = RunCode { code: job.code, run_id: job.run_id, autosave: job.autosave };
-            forked.send_code(&code).await
+            let mut forked = template.take_prepared().ok_or(isolate::Error::NoPreparedFork)?;
+            template.attach(&forked, job.workspace, job.packages, job.owner_uid).await?;
+            // The fork's proxy listener is the session's from now: its code may reach out.
+            let serving = match (job.egress, forked.take_listener()) {
+                (Some((egress, tenant)), Some(listener)) => Some(egress.serve(listener, tenant.clone())),
+                _ => None,
+            };
+            let code = RunCode { code: job.code, run_id: job.run_id, autosave: job.autosave, env: job.env };
+            forked.send_code(&code).await.map(|running| (running, serving))
         }
         .await;
         match started {
-            Ok(running) => {
+            Ok((running, _serving)) => {
                 let setup = attach_began.elapsed();
                 let outcome = template.finish(running, bounds, chunks, cancel, &baseline).await.map(|mut o| {
                     o.setup = setup;
@@ -484,7 +494,7 @@ impl Pool {
 
     /// Start one template and wait until its interpreter has its imports.
     async fn start(&self, policy: &Policy, uid: crate::uids::Lease) -> Result<PooledTemplate, Error> {
-        let spec = plan::template_spec(&self.rootfs, uid.uid, policy);
+        let spec = plan::template_spec(&self.rootfs, self.ca_bundle.as_deref(), uid.uid, policy);
         let limits = plan::cgroup_limits(policy);
         let mut template = PooledTemplate::start(&self.sandboxes, &spec, &limits, uid).await.map_err(Error::Start)?;
         let ready = tokio::select! {
@@ -519,10 +529,16 @@ pub struct Fallback(pub isolate::Error);
 /// What a pooled run needs besides its template.
 pub struct Job<'a> {
     pub workspace: &'a std::path::Path,
+    /// The session's package layer, if it has one.
+    pub packages: Option<&'a std::path::Path>,
     pub owner_uid: u32,
     pub code: &'a str,
     pub run_id: &'a str,
     pub autosave: bool,
+    /// What the run's environment gains (its session's secrets' placeholders).
+    pub env: &'a BTreeMap<String, String>,
+    /// The egress proxy and the session as it serves it, for a policy with network.
+    pub egress: Option<(&'a Arc<crate::egress::Egress>, &'a Arc<crate::egress::Tenant>)>,
 }
 
 #[cfg(test)]

@@ -22,7 +22,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 mod death;
+pub mod net;
 use death::Death;
+use net::Net;
 
 /// Why a run could not be made; the API edge maps each to its HTTP answer. A
 /// program that fails is not an error: it is a [`RunResult`] with its status.
@@ -53,6 +55,24 @@ pub struct Context {
     pub pool: std::sync::Arc<crate::pool::Pool>,
     pub rootfs: PathBuf,
     pub public_url: String,
+    /// The egress proxy, for policies with network (`None` when no policy has any).
+    pub egress: Option<std::sync::Arc<crate::egress::Egress>>,
+}
+
+impl Context {
+    /// Where a sandbox of `lease`'s session takes its files from.
+    pub(crate) fn at<'a>(
+        &'a self,
+        workspace: Option<&'a std::path::Path>,
+        packages: Option<&'a std::path::Path>,
+    ) -> plan::Where<'a> {
+        plan::Where {
+            rootfs: &self.rootfs,
+            workspace,
+            packages,
+            ca_bundle: self.egress.as_ref().map(|e| e.bundle_path()),
+        }
+    }
 }
 
 /// What decides a run's status, however it ran (a cold or pooled sandbox, a
@@ -138,10 +158,16 @@ pub async fn execute(
         ),
         Language::Shell => (vec!["/bin/bash".to_string(), "-c".to_string(), req.code.clone()], None),
     };
+    let layer = layer_of(lease).await?;
+    let net = Net::of(ctx, lease, &run_id)?;
+    let secrets_env = net.as_ref().map(|n| n.env.clone()).unwrap_or_default();
     let snapshot = snapshot(lease).await?;
+    let mut spec =
+        plan::sandbox_spec(&ctx.at(Some(&lease.workspace), layer.as_deref()), lease.uid, policy, argv, stdin);
+    spec.env.extend(secrets_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let run = isolate::Run {
         id: run_id.clone(),
-        spec: plan::sandbox_spec(&ctx.rootfs, Some(&lease.workspace), lease.uid, policy, argv, stdin),
+        spec,
         limits: plan::cgroup_limits(policy),
         timeout,
         grace: Duration::from_secs(policy.grace_s),
@@ -156,8 +182,16 @@ pub async fn execute(
     };
     let pool_wait = take_began.elapsed();
     let mut mode = metrics::Mode::Cold;
-    let job =
-        pool::Job { workspace: &lease.workspace, owner_uid: lease.uid, code: &req.code, run_id: &run_id, autosave };
+    let job = pool::Job {
+        workspace: &lease.workspace,
+        packages: layer.as_deref(),
+        owner_uid: lease.uid,
+        code: &req.code,
+        run_id: &run_id,
+        autosave,
+        env: &secrets_env,
+        egress: net.as_ref().map(|n| (&n.egress, &n.tenant)),
+    };
     let served = match pooled {
         Some(template) => {
             let served =
@@ -178,7 +212,7 @@ pub async fn execute(
     };
     let outcome = match served {
         Some(outcome) => outcome,
-        None => ctx.sandboxes.run(run, chunks, lease.cancel.clone(), None).await,
+        None => net::cold(ctx, run, net.as_ref(), chunks, lease.cancel.clone()).await,
     };
     let outcome = outcome.map_err(|e| match e {
         isolate::Error::Setup { step, error } => Error::internal(format!("building the sandbox ({step})"), error),
@@ -195,6 +229,9 @@ pub async fn execute(
         succeeded: outcome.exit == Exit::Exited(0),
     }
     .status();
+    let mut usage = outcome.usage.clone();
+    let mut stderr = outcome.stderr.text();
+    Net::finish(net.as_ref(), &mut usage, &mut stderr);
     let result = RunResult {
         run_id: run_id.clone(),
         session_id: lease.public_id.clone(),
@@ -202,13 +239,13 @@ pub async fn execute(
         exit_code: outcome.exit.code(),
         signal: outcome.exit.signal().map(signal_name),
         stdout: outcome.stdout.text(),
-        stderr: outcome.stderr.text(),
+        stderr,
         stdout_truncated: outcome.stdout.truncated,
         stderr_truncated: outcome.stderr.truncated,
         duration_ms: outcome.duration.as_millis() as u64,
         artifacts,
         artifacts_truncated,
-        usage: outcome.usage,
+        usage,
         kernel: None,
     };
     let phases = match mode {
@@ -300,7 +337,8 @@ async fn execute_cell(
     let timeout = validate(req, policy)?;
     let run_id = run_id.to_string();
     let started = std::time::Instant::now();
-    let (existing, fresh) = lease_kernel(ctx, lease).await?;
+    let secrets = lease.secrets();
+    let (existing, fresh) = lease_kernel(ctx, lease, &run_id).await?;
     if fresh {
         lease.mark_kernel_started();
     }
@@ -314,6 +352,7 @@ async fn execute_cell(
         run_id: run_id.clone(),
         autosave: req.autosave_figures.unwrap_or(policy.autosave_figures),
         output_limit: policy.output_bytes(),
+        env: secrets.get().environment(),
     };
     let grace = Duration::from_secs(policy.grace_s.max(1));
     let (kernel, end) = existing.exec(&cell, timeout, grace, lease.cancel.clone(), chunks).await;
@@ -354,6 +393,7 @@ async fn execute_cell(
             result.exit_code = Some(reply.exit_code);
             result.stdout = reply.stdout;
             result.stderr = if lost { format!("{KERNEL_LOST}{}", reply.stderr) } else { reply.stderr };
+            refusals_on_stderr(&result.usage, &mut result.stderr);
             result.stdout_truncated = reply.stdout_truncated;
             result.stderr_truncated = reply.stderr_truncated;
             result.kernel = Some(KernelFields {
@@ -364,7 +404,7 @@ async fn execute_cell(
         }
         kernel::CellEnd::Died { cut, outcome, stdout, stderr, usage } => {
             result.usage = usage;
-            let death = Death::of(&cut, outcome.as_ref());
+            let death = Death::of(&cut, outcome.as_deref());
             result.status = death.status;
             result.exit_code = death.exit.code();
             result.signal = death.exit.signal().map(signal_name);
@@ -395,30 +435,57 @@ async fn execute_cell(
     Ok(result)
 }
 
+/// The session's package layer for a run; none when the disk has no room for one
+/// (the run goes on without: its code's `pip install` has nowhere to go).
+async fn layer_of(lease: &Lease) -> Result<Option<PathBuf>, Error> {
+    match lease.package_layer().await {
+        Ok(layer) => Ok(layer),
+        Err(e @ crate::session::Error::LayerNoRoom { .. }) => {
+            tracing::warn!(session_id = %lease.id, error = %e, "no package layer for the run");
+            Ok(None)
+        }
+        Err(e) => Err(Error::internal("making the session's package layer", e)),
+    }
+}
+
+/// A cell's refusals by the egress proxy, on its stderr (as a script run's).
+fn refusals_on_stderr(usage: &RunUsage, stderr: &mut String) {
+    if let Some(note) = usage.net.as_ref().and_then(crate::egress::usage::stderr_note) {
+        if !stderr.is_empty() && !stderr.ends_with('\n') {
+            stderr.push('\n');
+        }
+        stderr.push_str(&note);
+    }
+}
+
 /// What the first cell after a daemon restart says on stderr, before its own output.
 const KERNEL_LOST: &str =
     "sandboxd: the daemon restarted since this session's last cell: this kernel is new, and earlier variables are gone\n";
 
 /// The session's kernel, started now if it has none (or its last one died), and
 /// whether it was started now.
-async fn lease_kernel(ctx: &Context, lease: &Lease) -> Result<(kernel::Kernel, bool), Error> {
-    let existing = lease.take_kernel().await;
-    match existing {
-        Some(k) => Ok((k, false)),
-        None => kernel::Kernel::start(
-            &ctx.sandboxes,
-            kernel::StartSpec {
-                session_id: &lease.id,
-                rootfs: &ctx.rootfs,
-                workspace: &lease.workspace,
-                uid: lease.uid,
-                policy: &lease.policy,
-            },
-        )
-        .await
-        .map(|k| (k, true))
-        .map_err(|e| Error::internal("starting the session's kernel", e)),
+async fn lease_kernel(ctx: &Context, lease: &Lease, run_id: &str) -> Result<(kernel::Kernel, bool), Error> {
+    if let Some(k) = lease.take_kernel().await {
+        return Ok((k, false));
     }
+    // Made before the kernel starts: packages installed later are seen in it.
+    let layer = layer_of(lease).await?;
+    let net = Net::of(ctx, lease, run_id)?;
+    let env = net.as_ref().map(|n| n.env.clone()).unwrap_or_default();
+    kernel::Kernel::start(
+        &ctx.sandboxes,
+        kernel::StartSpec {
+            session_id: &lease.id,
+            at: ctx.at(Some(&lease.workspace), layer.as_deref()),
+            uid: lease.uid,
+            policy: &lease.policy,
+            env: &env,
+            egress: net.map(|n| (n.egress, n.tenant)),
+        },
+    )
+    .await
+    .map(|k| (k, true))
+    .map_err(|e| Error::internal("starting the session's kernel", e))
 }
 
 /// A cell's final value as results show it: its text by mime type.

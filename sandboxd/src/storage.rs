@@ -3,17 +3,26 @@
 //! session's `data` directory. A full workspace gives ENOSPC inside the sandbox and
 //! `upload_too_large` on upload; the host disk holds at most the image's size.
 //!
+//! A session whose policy allows packages gets a second image, made beside its
+//! workspace when the session is (`packages.img`, the policy's `packages_mb`), and loop-mounted on
+//! its `packages` directory: its package layer, outside the workspace, mounted at
+//! `/opt/packages` in its sandboxes. A full layer gives ENOSPC to the installer
+//! and harms nothing else.
+//!
 //! Host modes: only root and the session's uid reach a session's files. The session
 //! directory is root's, mode 0710, group the session's host gid (equal to its uid):
 //! a cold sandbox passes through it to bind its workspace. The image and
 //! `session.json` are 0600 root; the workspace's root is 0700, the session uid's.
 //!
-//! Images are made with mkfs.ext4 and mounted with mount(8) (e2fsprogs and
-//! util-linux): session creation is not a hot path, and they do this job well.
+//! Images are made with mkfs.ext4 (e2fsprogs does this job well) and mounted by
+//! the kernel's own calls ([`loopdev`]): a one-shot run makes a session, so its
+//! two mounts are on the run's path, and starting mount(8) twice cost ~10 ms.
 //!
 //! The session manager reaches them through the [`Storage`] trait ([`LoopImages`]
 //! here), so its create, close, lease, quota, reap and recovery logic is
 //! unit-tested on plain directories (`fake::Dirs`), without root.
+
+mod loopdev;
 
 use futures_util::future::BoxFuture;
 use std::fs::Permissions;
@@ -24,6 +33,9 @@ use tokio::process::Command;
 
 pub const IMAGE: &str = "workspace.img";
 pub const DATA: &str = "data";
+/// The package layer's image, and where it is mounted, in the session directory.
+pub const LAYER_IMAGE: &str = "packages.img";
+pub const LAYER: &str = "packages";
 
 async fn run(cmd: &mut Command, what: &str) -> io::Result<()> {
     let out = cmd.output().await.map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
@@ -39,31 +51,61 @@ pub fn is_mounted(path: &Path) -> bool {
     crate::mountinfo::is_mount_point(&crate::mountinfo::read_self(), path)
 }
 
-/// Make the image, its filesystem (root owned by `uid`), and mount it.
+/// Make the image, its filesystem (root owned by `uid`), and mount it. Only the
+/// workspace's: the package layer is made beside it at the same time
+/// ([`create_layer`]), and mounting its image here could catch it half made.
 pub async fn create(session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
-    let image = session_dir.join(IMAGE);
-    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&image)?;
+    make_image(&session_dir.join(IMAGE), size_bytes, uid).await?;
+    mount_one(session_dir, IMAGE, DATA).await?;
+    empty_root(&session_dir.join(DATA))
+}
+
+/// Make the package layer's image and mount it (see the module's notes). A layer
+/// that could not be made whole leaves no image behind.
+pub async fn create_layer(session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
+    let image = session_dir.join(LAYER_IMAGE);
+    // A layer already there is not this call's to clean up.
+    make_image(&image, size_bytes, uid).await.inspect_err(|e| {
+        if e.kind() != io::ErrorKind::AlreadyExists {
+            let _ = std::fs::remove_file(&image);
+        }
+    })?;
+    let made = async {
+        mount_one(session_dir, LAYER_IMAGE, LAYER).await?;
+        empty_root(&session_dir.join(LAYER))
+    }
+    .await;
+    if made.is_err() {
+        let _ = unmount_one(&session_dir.join(LAYER));
+        let _ = std::fs::remove_file(&image);
+    }
+    made
+}
+
+/// A sparse image of `size_bytes` with an ext4 filesystem whose root is `uid`'s.
+async fn make_image(image: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(image)?;
     file.set_len(size_bytes)?;
     drop(file);
     run(
-        Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0", "-E"])
-            .arg(format!("root_owner={uid}:{uid}"))
-            .arg(&image),
+        Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0", "-E"]).arg(format!("root_owner={uid}:{uid}")).arg(image),
         "mkfs.ext4",
     )
-    .await?;
-    mount(session_dir).await?;
-    // An empty workspace is empty: fsck's lost+found would show up in every listing.
-    let _ = std::fs::remove_dir(session_dir.join(DATA).join("lost+found"));
-    std::fs::set_permissions(session_dir.join(DATA), Permissions::from_mode(0o700))
+    .await
+}
+
+/// A new filesystem's root, as a session's: empty (fsck's lost+found would show
+/// up in every listing) and 0700.
+fn empty_root(root: &Path) -> io::Result<()> {
+    let _ = std::fs::remove_dir(root.join("lost+found"));
+    std::fs::set_permissions(root, Permissions::from_mode(0o700))
 }
 
 /// Give a session directory its modes (see the module's notes). Fixes what an
 /// earlier version left; call it with the workspace mounted.
 pub fn restrict(session_dir: &Path, uid: u32) -> io::Result<()> {
     restrict_dir(session_dir, uid)?;
-    for name in [IMAGE, "session.json"] {
+    for name in [IMAGE, LAYER_IMAGE, "session.json"] {
         let path = session_dir.join(name);
         match std::fs::symlink_metadata(&path) {
             Ok(meta) if meta.is_file() => {
@@ -75,10 +117,11 @@ pub fn restrict(session_dir: &Path, uid: u32) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    let data = session_dir.join(DATA);
-    if is_mounted(&data) {
-        std::os::unix::fs::chown(&data, Some(uid), Some(uid))?;
-        std::fs::set_permissions(&data, Permissions::from_mode(0o700))?;
+    for root in [session_dir.join(DATA), session_dir.join(LAYER)] {
+        if is_mounted(&root) {
+            std::os::unix::fs::chown(&root, Some(uid), Some(uid))?;
+            std::fs::set_permissions(&root, Permissions::from_mode(0o700))?;
+        }
     }
     Ok(())
 }
@@ -89,42 +132,56 @@ pub fn restrict_dir(session_dir: &Path, uid: u32) -> io::Result<()> {
     std::fs::set_permissions(session_dir, Permissions::from_mode(0o710))
 }
 
-/// Mount the session's image on its `data` directory, unless it already is.
+/// Mount the session's image on its `data` directory, and its package layer's on
+/// `packages` if it has one, unless they already are.
 pub async fn mount(session_dir: &Path) -> io::Result<()> {
-    let data = session_dir.join(DATA);
-    match std::fs::DirBuilder::new().mode(0o700).create(&data) {
+    mount_one(session_dir, IMAGE, DATA).await?;
+    if session_dir.join(LAYER_IMAGE).is_file() {
+        mount_one(session_dir, LAYER_IMAGE, LAYER).await?;
+    }
+    Ok(())
+}
+
+/// Mount the image `image` of `session_dir` on its directory `on`.
+async fn mount_one(session_dir: &Path, image: &str, on: &str) -> io::Result<()> {
+    let target = session_dir.join(on);
+    match std::fs::DirBuilder::new().mode(0o700).create(&target) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    if is_mounted(&data) {
+    if is_mounted(&target) {
         return Ok(());
     }
-    run(
-        Command::new("mount")
-            .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime"])
-            .arg(session_dir.join(IMAGE))
-            .arg(&data),
-        "mount",
-    )
-    .await
+    let image = session_dir.join(image);
+    tokio::task::spawn_blocking(move || loopdev::mount_image(&image, &target)).await.map_err(io::Error::other)?
 }
 
-/// Unmount the session's workspace (lazily, should anything still hold it).
+/// Unmount the session's workspace and package layer (lazily, should anything
+/// still hold them).
 pub async fn unmount(session_dir: &Path) -> io::Result<()> {
-    let data = session_dir.join(DATA);
-    if !is_mounted(&data) {
-        return Ok(());
-    }
-    nix::mount::umount2(&data, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
+    unmount_one(&session_dir.join(LAYER))?;
+    unmount_one(&session_dir.join(DATA))
 }
 
-/// Every workspace mount below `sessions_dir` (what an earlier instance may have left).
+fn unmount_one(target: &Path) -> io::Result<()> {
+    if !is_mounted(target) {
+        return Ok(());
+    }
+    nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
+}
+
+/// Every workspace and package layer mount below `sessions_dir` (what an earlier
+/// instance may have left).
 pub fn mounted_below(sessions_dir: &Path) -> Vec<PathBuf> {
     crate::mountinfo::read_self()
         .into_iter()
         .map(|m| m.mount_point)
-        .filter(|p| p.starts_with(sessions_dir) && p.file_name() == Some(std::ffi::OsStr::new(DATA)))
+        .filter(|p| {
+            p.starts_with(sessions_dir)
+                && (p.file_name() == Some(std::ffi::OsStr::new(DATA))
+                    || p.file_name() == Some(std::ffi::OsStr::new(LAYER)))
+        })
         .collect()
 }
 
@@ -139,25 +196,43 @@ pub trait Storage: Send + Sync {
     /// give the directory its modes for `uid` (an earlier version left wider ones).
     fn reopen<'a>(&'a self, session_dir: &'a Path, uid: u32) -> BoxFuture<'a, io::Result<()>>;
 
-    /// Unmount the workspace in `session_dir` (lazily); nothing if it is not mounted.
+    /// Unmount the workspace in `session_dir`, and its package layer (lazily);
+    /// nothing if they are not mounted.
     fn unmount<'a>(&'a self, session_dir: &'a Path) -> BoxFuture<'a, io::Result<()>>;
 
-    /// Every workspace's `data` mounted below `sessions_dir`.
+    /// Every workspace's `data`, and package layer's `packages`, mounted below
+    /// `sessions_dir`.
     fn mounted_below(&self, sessions_dir: &Path) -> Vec<PathBuf>;
+
+    /// Make the session's package layer of `size_bytes` for `uid` and mount it on
+    /// its `packages` directory.
+    fn create_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>>;
+
+    /// Whether the session's package layer is mounted.
+    fn has_layer(&self, session_dir: &Path) -> bool {
+        is_mounted(&session_dir.join(LAYER))
+    }
 
     /// Bytes free on the filesystem of `sessions_dir`; `None` if it cannot say.
     fn free(&self, sessions_dir: &Path) -> Option<u64>;
 
-    /// How much more of the host disk the workspace in `session_dir` can take:
-    /// its image's size less what it already takes (images are sparse); `None`
-    /// if it has no image yet.
+    /// How much more of the host disk the session in `session_dir` can take: its
+    /// images' sizes (the workspace's and, once made, the package layer's: any
+    /// run may write into either) less what they already take (images are
+    /// sparse); `None` if it has no workspace image yet.
     fn room(&self, session_dir: &Path) -> Option<u64> {
-        let m = std::fs::metadata(session_dir.join(IMAGE)).ok()?;
-        Some(m.len().saturating_sub(std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512)))
+        let unallocated = |name: &str| {
+            std::fs::metadata(session_dir.join(name))
+                .ok()
+                .map(|m| m.len().saturating_sub(std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512)))
+        };
+        let workspace = unallocated(IMAGE)?;
+        Some(workspace.saturating_add(unallocated(LAYER_IMAGE).unwrap_or(0)))
     }
 }
 
-/// The real workspaces: loop-mounted ext4 images (see the module's notes).
+/// The real workspaces and package layers: loop-mounted ext4 images (see the
+/// module's notes).
 pub struct LoopImages;
 
 impl Storage for LoopImages {
@@ -187,6 +262,10 @@ impl Storage for LoopImages {
         let fs = nix::sys::statvfs::statvfs(sessions_dir).ok()?;
         Some(fs.blocks_available().saturating_mul(fs.fragment_size()))
     }
+
+    fn create_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(create_layer(session_dir, size_bytes, uid))
+    }
 }
 
 /// Workspaces as plain directories, for unit tests: "mounted" is a set the fake
@@ -194,7 +273,7 @@ impl Storage for LoopImages {
 /// the test sets, and a create fails when the test asks.
 #[cfg(test)]
 pub mod fake {
-    use super::{BoxFuture, Storage, DATA, IMAGE};
+    use super::{BoxFuture, Storage, DATA, IMAGE, LAYER, LAYER_IMAGE};
     use std::collections::BTreeSet;
     use std::io;
     use std::path::{Path, PathBuf};
@@ -216,7 +295,7 @@ pub mod fake {
     }
 
     impl Dirs {
-        /// The `data` directories mounted now.
+        /// The `data` (and `packages`) directories mounted now.
         pub fn mounted(&self) -> BTreeSet<PathBuf> {
             self.mounted.lock().unwrap_or_else(|p| p.into_inner()).clone()
         }
@@ -253,7 +332,9 @@ pub mod fake {
 
         fn unmount<'a>(&'a self, session_dir: &'a Path) -> BoxFuture<'a, io::Result<()>> {
             Box::pin(async move {
-                self.mounted.lock().unwrap_or_else(|p| p.into_inner()).remove(&session_dir.join(DATA));
+                let mut mounted = self.mounted.lock().unwrap_or_else(|p| p.into_inner());
+                mounted.remove(&session_dir.join(DATA));
+                mounted.remove(&session_dir.join(LAYER));
                 Ok(())
             })
         }
@@ -264,6 +345,24 @@ pub mod fake {
 
         fn free(&self, _sessions_dir: &Path) -> Option<u64> {
             Some(self.free.load(Ordering::Relaxed))
+        }
+
+        fn create_layer<'a>(
+            &'a self,
+            session_dir: &'a Path,
+            size_bytes: u64,
+            _uid: u32,
+        ) -> BoxFuture<'a, io::Result<()>> {
+            Box::pin(async move {
+                std::fs::File::create_new(session_dir.join(LAYER_IMAGE))?.set_len(size_bytes)?;
+                std::fs::create_dir_all(session_dir.join(LAYER))?;
+                self.mounted.lock().unwrap_or_else(|p| p.into_inner()).insert(session_dir.join(LAYER));
+                Ok(())
+            })
+        }
+
+        fn has_layer(&self, session_dir: &Path) -> bool {
+            self.mounted().contains(&session_dir.join(LAYER))
         }
     }
 }

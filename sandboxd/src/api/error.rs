@@ -20,6 +20,7 @@ pub fn http_status(code: Code) -> StatusCode {
         CodeTooLarge | UploadTooLarge | ArtifactTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         MaxSessions | MaxRuns | MaxListings | MaxConnections => StatusCode::TOO_MANY_REQUESTS,
         InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
+        PackageInstallFailed => StatusCode::UNPROCESSABLE_ENTITY,
         Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -114,6 +115,10 @@ impl From<crate::service::Error> for ApiError {
             S::Session(e) => session_error(e),
             S::Run(e) => run_error(e),
             S::Workspace(e) => workspace_error(e),
+            S::Packages(crate::packages::Error::Invalid(m)) => ApiError::new(Code::InvalidRequest, m),
+            S::Packages(crate::packages::Error::Failed(m)) => ApiError::new(Code::PackageInstallFailed, m),
+            S::Packages(crate::packages::Error::NoRoom(e)) => session_error(e),
+            S::Packages(crate::packages::Error::Internal { context, error }) => ApiError::internal(&context, error),
             S::InvalidRequest(m) => ApiError::new(Code::InvalidRequest, m),
             e @ S::UploadTooLarge { .. } => ApiError::new(Code::UploadTooLarge, e.to_string()),
             e @ S::FileTooLarge { .. } => ApiError::new(Code::ArtifactTooLarge, e.to_string()),
@@ -137,8 +142,11 @@ fn session_error(e: crate::session::Error) -> ApiError {
         E::InvalidTtl => Code::InvalidRequest,
         E::TokenMaxSessions { .. } | E::MaxSessions { .. } => Code::MaxSessions,
         E::TokenMaxRuns(_) => Code::MaxRuns,
-        E::InsufficientStorage { .. } => Code::InsufficientStorage,
+        E::InsufficientStorage { .. } | E::LayerNoRoom { .. } => Code::InsufficientStorage,
         E::Workspace(io) => return ApiError::internal("creating the session workspace", io),
+        E::InvalidSecret(_) => Code::InvalidRequest,
+        E::SecretNotFound { .. } => Code::NotFound,
+        E::Layer(io) => return ApiError::internal("making the session's package layer", io),
     };
     ApiError::new(code, e.to_string())
 }
@@ -221,6 +229,7 @@ mod tests {
             MaxListings,
             MaxConnections,
             InsufficientStorage,
+            PackageInstallFailed,
             Unavailable,
             Internal,
         ];
@@ -228,7 +237,7 @@ mod tests {
             assert_eq!(Code::parse(code.as_str()), Some(code));
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
         }
-        assert_eq!(Code::parse("package_install_failed"), None);
+        assert_eq!(Code::parse("language_unavailable"), None);
     }
 
     /// The one mapping: each module's error becomes the HTTP answer the API has always given.

@@ -14,7 +14,9 @@ pub mod files;
 mod hold;
 pub mod mcp;
 pub mod openapi;
+pub mod packages;
 pub mod runs;
+pub mod secrets;
 pub mod sessions;
 pub mod surface;
 #[cfg(test)]
@@ -101,6 +103,9 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/sessions/{id}/runs", post(runs::session_run).get(runs::list_runs))
         .route("/v1/sessions/{id}/runs/{run_id}", get(runs::get_run))
         .route("/v1/sessions/{id}/run", axum::routing::delete(sessions::cancel_run))
+        .route("/v1/sessions/{id}/packages", post(packages::install))
+        .route("/v1/sessions/{id}/secrets", get(secrets::list))
+        .route("/v1/sessions/{id}/secrets/{name}", axum::routing::put(secrets::set).delete(secrets::remove))
         .route("/v1/policies", get(sessions::policies))
         .route("/metrics", get(metrics))
         .route("/v1/check", get(check_host))

@@ -32,6 +32,10 @@ use utoipa::OpenApi;
         super::sessions::close,
         super::sessions::cancel_run,
         super::sessions::policies,
+        super::packages::install,
+        super::secrets::set,
+        super::secrets::list,
+        super::secrets::remove,
         super::files::list,
         super::files::download,
         super::files::upload,
@@ -59,15 +63,16 @@ fn error_description(status: u16) -> &'static str {
         400 => "`invalid_request` (a body that is not a JSON object of the documented fields, a bad value, more than one `Host` header), `invalid_session_id`, `invalid_path` or `policy_not_found`: the message says what to change",
         401 => "`unauthorized`: tokens are configured and the request has no `Authorization: Bearer <token>` with one of them",
         403 => "`forbidden`: over HTTP, a `Host` the daemon does not serve, or a foreign `Origin`; `GET /metrics` with a token that is not an operator token",
-        404 => "`session_not_found` (closed, expired, never made, or another token's), `run_not_found` (a run the session does not keep) or `not_found` (no such file)",
+        404 => "`session_not_found` (closed, expired, never made, or another token's), `run_not_found` (a run the session does not keep) or `not_found` (no such file, or secret of the session's own)",
         408 => "`request_timeout`: the body stalled, or a JSON body did not arrive within `body_timeout_s`",
         409 => "`session_busy` (a run is going on in it), `session_exists`, `file_exists` (pass `overwrite=true`) or `file_busy` (a lease or lock from the session's code)",
         413 => "`code_too_large` (more code than the policy's `code_kb`), `upload_too_large` (more than `upload_mb`, or the workspace is full)",
         415 => "`unsupported_media_type`: a JSON body without `Content-Type: application/json`",
+        422 => "`package_install_failed`: the installer ran and failed (an unknown package, a version that does not exist, conflicting pins, no wheel, the index unreachable, the layer full, the install's time limit); the message has its own words, and the session's package layer is as it was",
         429 => "`max_sessions` (the daemon's or the token's sessions are all taken, those still being closed included), `max_runs` (the token's runs at once), `max_listings` (the token's listings walked or sent at once: read or close them first) or `max_connections` (the token's connections at once: this connection is closed after the answer)",
         500 => "`internal`: a host failure; the daemon log has the cause",
         503 => "`unavailable`: the daemon is shutting down, or (a listing) walking or sending its most listings at once; retry after `Retry-After`",
-        507 => "`insufficient_storage`: the state directory's filesystem could not hold every session's workspace filled up, a new one included; close sessions, free disk space or use a policy with a smaller `workspace_mb`",
+        507 => "`insufficient_storage`: the state directory's filesystem could not hold every session's workspace and package layer filled up, a new one included; close sessions, free disk space or use a policy with a smaller `workspace_mb` or `packages_mb`",
         _ => "an error",
     }
 }
@@ -81,8 +86,8 @@ pub const ERRORS: &[(&str, &[u16])] = &[
     ("metrics", &[401]),
     ("check_host", &[401]),
     ("list_policies", &[401]),
-    ("run", &[400, 401, 404, 408, 409, 413, 415, 429, 503, 507]),
-    ("run_in_session", &[400, 401, 404, 408, 409, 413, 415, 429, 503]),
+    ("run", &[400, 401, 404, 408, 409, 413, 415, 422, 429, 503, 507]),
+    ("run_in_session", &[400, 401, 404, 408, 409, 413, 415, 422, 429, 503]),
     ("create_session", &[400, 401, 408, 409, 415, 429, 507]),
     ("list_sessions", &[401]),
     ("get_session", &[400, 401, 404]),
@@ -94,6 +99,10 @@ pub const ERRORS: &[(&str, &[u16])] = &[
     ("download_file", &[400, 401, 404, 409, 413]),
     ("upload_file", &[400, 401, 404, 408, 409, 413]),
     ("delete_file", &[400, 401, 404, 409]),
+    ("install_packages", &[400, 401, 404, 408, 409, 415, 422, 503, 507]),
+    ("set_secret", &[400, 401, 404, 408, 415]),
+    ("list_secrets", &[400, 401, 404]),
+    ("delete_secret", &[400, 401, 404]),
 ];
 
 /// The limits of the daemon's policies that the document states.
@@ -337,8 +346,11 @@ mod tests {
             if method == "post" {
                 want.extend([400, 408, 415]);
             }
-            if method == "put" {
+            if method == "put" && path.contains("/files/") {
                 want.extend([400, 408, 413]);
+            }
+            if method == "put" && path.contains("/secrets/") {
+                want.extend([400, 408, 415]);
             }
             if path.contains("{id}") {
                 want.extend([400, 404]);
@@ -521,7 +533,7 @@ mod tests {
                 url: "http://x/a.png".into(),
             }],
             artifacts_truncated: false,
-            usage: RunUsage { cpu_ms: Some(12), memory_peak_bytes: Some(1 << 20), pids_peak: None },
+            usage: RunUsage { cpu_ms: Some(12), memory_peak_bytes: Some(1 << 20), pids_peak: None, net: None },
             kernel: None,
         };
         let value = serde_json::to_value(&script).unwrap();

@@ -182,9 +182,14 @@ pub async fn json_type(req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// Routes whose body is JSON: every POST of the v1 API.
+/// Routes whose body is JSON: every POST of the v1 API, and the PUT of a
+/// session's secret (a file's PUT is raw bytes).
 fn json_route(method: &Method, path: &str) -> bool {
-    method == Method::POST && path.starts_with("/v1/")
+    let secret = || {
+        let parts: Vec<&str> = path.split('/').collect();
+        parts.len() == 6 && parts[1] == "v1" && parts[2] == "sessions" && parts[4] == "secrets"
+    };
+    path.starts_with("/v1/") && (method == Method::POST || (method == Method::PUT && secret()))
 }
 
 fn json_body_allowed(path: &str, headers: &HeaderMap) -> bool {
@@ -456,6 +461,12 @@ mod tests {
         assert!(json_body_allowed("/v1/runs", &h));
         h.insert(header::CONTENT_TYPE, "application/jsonp".parse().unwrap());
         assert!(!json_body_allowed("/v1/runs", &h));
+        // Every POST of the API, and a secret's PUT; a file's PUT is raw bytes.
+        assert!(json_route(&Method::POST, "/v1/sessions/s/packages"));
+        assert!(json_route(&Method::PUT, "/v1/sessions/s/secrets/API_KEY"));
+        assert!(!json_route(&Method::PUT, "/v1/sessions/s/files/secrets/x"));
+        assert!(!json_route(&Method::PUT, "/v1/sessions/s/files/a"));
+        assert!(!json_route(&Method::GET, "/v1/sessions/s/secrets"));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use clap::{CommandFactory, Parser, Subcommand};
 use sandboxd::client::{Client, ClientError};
 use sandboxd::download::{self, parse_size, printable, Budget, SaveDir};
+use sandboxd::model::packages::{InstallRequest, InstallResult};
 use sandboxd::model::run::{Language, RunRequest, RunResult, Status};
+use sandboxd::model::secrets::{SecretPlace, SecretRequest};
 use sandboxd::model::session::{CreateSessionRequest, Mode};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -69,6 +71,22 @@ enum Command {
         /// Do not save open matplotlib figures.
         #[arg(long)]
         no_figures: bool,
+        /// Install this package into the session first (repeatable), e.g.
+        /// --package requests==2.32.3.
+        #[arg(long = "package", value_name = "REQUIREMENT")]
+        packages: Vec<String>,
+    },
+    /// Install packages into a session's package layer (`pip install`), where its
+    /// later runs import them.
+    Pip {
+        #[command(subcommand)]
+        command: PipCommand,
+    },
+    /// A session's secrets: values its code uses through the egress proxy but never
+    /// reads (it sees a placeholder).
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
     },
     /// Manage sessions.
     Sessions {
@@ -91,6 +109,42 @@ enum Command {
     Mcp,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+enum PipCommand {
+    /// Install REQUIREMENTs (names, [extras], version specifiers) into --session's
+    /// package layer. Exits 2 when the install failed (as for every error of the
+    /// daemon), printing the installer's message.
+    Install {
+        #[arg(long)]
+        session: String,
+        #[arg(required = true, value_name = "REQUIREMENT")]
+        packages: Vec<String>,
+        /// Print the whole answer as JSON instead.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Set the session's secret NAME, its value read from stdin (first line), sent
+    /// only to each --host, only in the request parts each --in names (default:
+    /// headers).
+    Set {
+        session: String,
+        name: String,
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// headers, url or body (repeat for more than one).
+        #[arg(long = "in", value_parser = ["headers", "url", "body"])]
+        places: Vec<String>,
+    },
+    /// List the session's secrets (names and hosts; never a value).
+    Ls { session: String },
+    /// Forget the session's own secret NAME.
+    Rm { session: String, name: String },
 }
 
 #[derive(Subcommand)]
@@ -190,6 +244,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// What an install did, as pip would say it.
+fn print_install(result: &InstallResult) {
+    if result.installed.is_empty() {
+        println!("Nothing to install: {} already satisfied.", result.unchanged.join(", "));
+    } else {
+        let names: Vec<String> = result.installed.iter().map(|p| format!("{}-{}", p.name, p.version)).collect();
+        println!("Successfully installed {}", names.join(" "));
+    }
+    eprintln!(
+        "sandboxd: the session's package layer holds {} MiB of {} MiB; {} ms",
+        result.layer_bytes / (1024 * 1024),
+        result.layer_limit_bytes / (1024 * 1024),
+        result.duration_ms
+    );
+}
+
 fn print_json(v: &impl serde::Serialize) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -207,7 +277,7 @@ fn read_input(file: Option<&PathBuf>) -> Result<Vec<u8>, ClientError> {
 
 async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientError> {
     match command {
-        Command::Run { file, session, keep, timeout, policy, shell, json, save, max_bytes, no_figures } => {
+        Command::Run { file, session, keep, timeout, policy, shell, json, save, max_bytes, no_figures, packages } => {
             let code = String::from_utf8(read_input(file.as_ref())?)
                 .map_err(|_| ClientError::Local("the code is not UTF-8 text".into()))?;
             // Without --session the daemon makes a session for this run alone.
@@ -219,6 +289,7 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                 timeout_s: timeout,
                 policy,
                 autosave_figures: no_figures.then_some(false),
+                packages: (!packages.is_empty()).then_some(packages),
             };
             let result = client.run(&req).await?;
             let saved = match &save {
@@ -332,6 +403,48 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
                 }
                 FilesCommand::Rm { session, path } => {
                     client.delete_file(&session, &path).await?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pip { command: PipCommand::Install { session, packages, json } } => {
+            let result = client.install_packages(&session, &InstallRequest { packages }).await?;
+            if json {
+                print_json(&result);
+            } else {
+                print_install(&result);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Secrets { command } => {
+            match command {
+                SecretsCommand::Set { session, name, hosts, places } => {
+                    let mut line = String::new();
+                    std::io::stdin()
+                        .read_line(&mut line)
+                        .map_err(|e| ClientError::Local(format!("reading the value from stdin: {e}")))?;
+                    let value = line.trim_end_matches(['\n', '\r']).to_string();
+                    let substitute_in = if places.is_empty() {
+                        SecretPlace::default_places()
+                    } else {
+                        places
+                            .iter()
+                            .filter_map(|p| serde_json::from_value(serde_json::Value::String(p.clone())).ok())
+                            .collect()
+                    };
+                    let info =
+                        client.set_secret(&session, &name, &SecretRequest { value, hosts, substitute_in }).await?;
+                    let places: Vec<&str> = info.substitute_in.iter().map(|p| p.as_str()).collect();
+                    println!("{} -> {} (in {})", info.name, info.hosts.join(", "), places.join(", "));
+                }
+                SecretsCommand::Ls { session } => {
+                    for s in client.list_secrets(&session).await? {
+                        let source = serde_json::to_value(s.source).ok().and_then(|v| v.as_str().map(String::from));
+                        println!("{}\t{}\t{}", s.name, source.unwrap_or_default(), s.hosts.join(","));
+                    }
+                }
+                SecretsCommand::Rm { session, name } => {
+                    client.delete_secret(&session, &name).await?;
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -1,6 +1,7 @@
 //! Mounts the helper (host root) makes from outside, into the mount namespace of a
-//! running pooled sandbox: a session's workspace at `/mnt/data` ([`workspace`]),
-//! and a template fork's own `/tmp`, `/dev/shm` and `/proc` masks ([`furnish`]).
+//! running pooled sandbox: a session's workspace at `/mnt/data` ([`workspace`]) and
+//! its package layer at `/opt/packages` ([`packages`]), and a template fork's own
+//! `/tmp`, `/dev/shm` and `/proc` masks ([`furnish`]).
 //!
 //! Each mount is made in the host's namespace as a detached mount (`open_tree`,
 //! or `fsopen` + `fsmount` for a fresh tmpfs), then moved into place from inside
@@ -82,13 +83,30 @@ pub fn workspace(
     sandbox_ns: BorrowedFd,
     host_ns: BorrowedFd,
 ) -> Result<(), Error> {
-    let data = Path::new("/mnt/data");
+    idmapped(workspace, Path::new("/mnt/data"), userns, sandbox_ns, host_ns)
+}
+
+/// Mount the session's package layer (a host directory) at `/opt/packages`, as
+/// [`workspace`] mounts the workspace.
+pub fn packages(layer: &Path, userns: BorrowedFd, sandbox_ns: BorrowedFd, host_ns: BorrowedFd) -> Result<(), Error> {
+    idmapped(layer, Path::new(super::spec::PACKAGES_DIR), userns, sandbox_ns, host_ns)
+}
+
+/// Mount the host directory `src` at `dst` in the mount namespace `sandbox_ns`,
+/// nosuid and nodev, with the idmap of `userns`.
+fn idmapped(
+    src: &Path,
+    dst: &Path,
+    userns: BorrowedFd,
+    sandbox_ns: BorrowedFd,
+    host_ns: BorrowedFd,
+) -> Result<(), Error> {
     let tree = rustix::mount::open_tree(
         rustix::fs::CWD,
-        workspace,
+        src,
         OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
     )
-    .map_err(err("open_tree", workspace))?;
+    .map_err(err("open_tree", src))?;
     let attr = libc::mount_attr {
         attr_set: libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_IDMAP,
         attr_clr: 0,
@@ -108,9 +126,9 @@ pub fn workspace(
         )
     };
     if rc < 0 {
-        return Err(err("mount_setattr (idmap, nosuid, nodev)", workspace)(std::io::Error::last_os_error()));
+        return Err(err("mount_setattr (idmap, nosuid, nodev)", src)(std::io::Error::last_os_error()));
     }
-    inside(sandbox_ns, host_ns, || move_into_place(&tree, data))
+    inside(sandbox_ns, host_ns, || move_into_place(&tree, dst))
 }
 
 /// A detached tmpfs as `f` says: made by host root, so it names no host uid.

@@ -203,7 +203,14 @@ fn run_init(spec: &ChildSpec, socket: RawFd, report: OwnedFd, alive: OwnedFd) ->
         .and_then(|()| mounts::apply(&fresh_proc()).map_err(Failure::at("mounts")))
         .and_then(|()| namespaces::loopback_up().map_err(Failure::at("loopback")))
         .and_then(|()| {
-            init::lock_down_and_fork(&spec.rlimits, Some(&spec.seccomp), Some(&furnish), &mut report, &alive)
+            init::lock_down_and_fork(
+                &spec.rlimits,
+                Some(&spec.seccomp),
+                spec.egress_port,
+                Some(&furnish),
+                &mut report,
+                &alive,
+            )
         });
     match prepared {
         Ok(Role::Program(err_w)) => {

@@ -13,6 +13,7 @@ use super::channel;
 use super::init;
 use super::message::{Attach, Event, Exit, Failure, HelperRequest, InitLine};
 use super::namespaces::{self, Cloned};
+use super::netns;
 use super::spec::{SandboxSpec, MAX_SPEC_LINE};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
@@ -28,6 +29,22 @@ impl Control {
     fn send(&mut self, event: &Event) {
         // If the daemon is gone there is no one to tell; PDEATHSIG ends us anyway.
         let _ = channel::write_line(&mut self.0, event);
+    }
+
+    /// Send `event` with `fd` attached to its bytes (the daemon's reader takes
+    /// the fds that come with a line: `isolate::fdstream`).
+    fn send_with_fd(&mut self, event: &Event, fd: &OwnedFd) -> Result<(), Failure> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let line = channel::encode(event).map_err(Failure::at("encode an event"))?;
+        let raw = [fd.as_raw_fd()];
+        let iov = [std::io::IoSlice::new(&line)];
+        let sent = sendmsg::<()>(self.0.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&raw)], MsgFlags::empty(), None)
+            .map_err(Failure::at("send the egress listener"))?;
+        if sent != line.len() {
+            return Err(Failure { step: "send the egress listener", error: "a short write".into() });
+        }
+        Ok(())
     }
 }
 
@@ -106,11 +123,24 @@ fn supervise(
                 .map_err(ends)?,
         ),
     };
+    // The egress proxy's end in the sandbox, made before anything runs there (not in
+    // a template's: it runs no user code, and each fork gets its own at Furnish).
+    let listener = match &spec.egress {
+        Some(egress) if !spec.template => {
+            Some(netns::listen_in(child.as_raw(), egress.port).map_err(Failure::at("egress")).map_err(ends)?)
+        }
+        _ => None,
+    };
     // The write end stays open for as long as the helper lives: the init watches
     // it, and ends the sandbox when it sees end-of-file.
     let mut go = File::from(go);
     go.write_all(b"g").map_err(Failure::at("release init")).map_err(ends)?;
-    control.send(&Event::Started { init_pid: child.as_raw() });
+    match listener {
+        Some(fd) => {
+            control.send_with_fd(&Event::Started { init_pid: child.as_raw(), listener: true }, &fd).map_err(ends)?
+        }
+        None => control.send(&Event::Started { init_pid: child.as_raw(), listener: false }),
+    }
 
     // Our copies of the output pipes must not keep them open: only the sandbox's.
     let devnull = File::options().write(true).open("/dev/null").map_err(Failure::at("open /dev/null"))?;
@@ -190,7 +220,15 @@ fn serve_attaches(
                 let host_ns =
                     File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
                 attach::furnish(&furnishings, run_ns.as_fd(), host_ns.as_fd()).map_err(Failure::at("furnish"))?;
-                control.send(&Event::Furnished);
+                // The fork's own network namespace (the one `run_namespace` checked
+                // the pid of) gets its egress listener.
+                match &spec.egress {
+                    Some(egress) => {
+                        let fd = netns::listen_in(pid, egress.port).map_err(Failure::at("egress"))?;
+                        control.send_with_fd(&Event::Furnished { listener: true }, &fd)?;
+                    }
+                    None => control.send(&Event::Furnished { listener: false }),
+                }
             }
             HelperRequest::Attach(req) => {
                 if idmaps.len() >= 64 {
@@ -233,7 +271,12 @@ fn attach(sandbox_ns: &File, req: &Attach, userns: &OwnedFd) -> Result<(), Failu
     let host_ns = File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
     let target = run_ns.as_ref().unwrap_or(sandbox_ns);
     attach::workspace(&req.workspace, userns.as_fd(), target.as_fd(), host_ns.as_fd())
-        .map_err(Failure::at("attach workspace"))
+        .map_err(Failure::at("attach workspace"))?;
+    if let Some(layer) = &req.packages {
+        attach::packages(layer, userns.as_fd(), target.as_fd(), host_ns.as_fd())
+            .map_err(Failure::at("attach the package layer"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

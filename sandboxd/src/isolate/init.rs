@@ -90,6 +90,8 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
         rootfs: &spec.rootfs,
         dev: &spec.dev,
         workspace: spec.workspace.as_deref(),
+        packages: spec.packages.as_deref(),
+        ca_bundle: spec.egress.as_ref().map(|e| e.ca_bundle.as_path()),
         tmp_size_bytes: spec.tmp_size_bytes,
         shm_size_bytes: spec.shm_size_bytes,
         // A template's forks each mount (and mask) a fresh /proc of their own.
@@ -99,7 +101,8 @@ fn init(spec: &SandboxSpec, go: OwnedFd, report: &mut File, stdin: Option<OwnedF
     namespaces::set_hostname(&spec.hostname).map_err(Failure::at("hostname"))?;
     namespaces::loopback_up().map_err(Failure::at("loopback"))?;
     let confine = (!spec.template).then_some(&spec.seccomp);
-    match lock_down_and_fork(&spec.rlimits, confine, None, report, &go)? {
+    let egress_port = spec.egress.as_ref().map(|e| e.port);
+    match lock_down_and_fork(&spec.rlimits, confine, egress_port, None, report, &go)? {
         Role::Init(line) => Ok(line),
         Role::Program(mut err_w) => {
             if let Err(f) = exec_program(spec, stdin) {
@@ -126,13 +129,15 @@ pub(super) enum Role {
 /// session, rlimits and Landlock, then supervise it. `confine` is the daemon's
 /// compiled filter; without it (a template's interpreter, whose forks must still
 /// make namespaces and mounts, and each confine themselves) there is neither
-/// seccomp filter nor Landlock. `furnish`, when given, runs in the program's process
+/// seccomp filter nor Landlock. `egress_port` is the one TCP port Landlock lets the
+/// program connect to (the egress proxy's). `furnish`, when given, runs in the program's process
 /// just before Landlock (a template's fork: its own `/tmp` and `/dev/shm` must be
 /// mounted before the ruleset names them). `parent` reads end-of-file when whoever
 /// started the init is gone.
 pub(super) fn lock_down_and_fork(
     rlimits: &Rlimits,
     confine: Option<&Program>,
+    egress_port: Option<u16>,
     furnish: Option<&dyn Fn() -> Result<(), Failure>>,
     report: &mut File,
     parent: &File,
@@ -169,7 +174,8 @@ pub(super) fn lock_down_and_fork(
         ForkResult::Child => {
             drop(err_r);
             let mut err_w = File::from(err_w);
-            if let Err(f) = program_setup(rlimits, confine.is_some(), furnish, &mut err_w) {
+            let landlock = confine.is_some().then_some(egress_port);
+            if let Err(f) = program_setup(rlimits, landlock, furnish, &mut err_w) {
                 let _ = f.write(&mut err_w);
                 // SAFETY: leave the failed child at once, without destructors.
                 unsafe { libc::_exit(127) }
@@ -215,11 +221,12 @@ pub(super) fn devnull_stdio() {
 }
 
 /// In the program's process, which has no privilege left and the init's seccomp
-/// filter: its own session, limits and Landlock (not for a template's interpreter:
-/// each of its forks applies its own), after `furnish` when given.
+/// filter: its own session, limits and Landlock (`landlock`: with the egress port it
+/// allows, if any; `None` for a template's interpreter: each of its forks applies
+/// its own), after `furnish` when given.
 fn program_setup(
     rlimits: &Rlimits,
-    landlock: bool,
+    landlock: Option<Option<u16>>,
     furnish: Option<&dyn Fn() -> Result<(), Failure>>,
     err_w: &mut File,
 ) -> Result<(), Failure> {
@@ -230,10 +237,10 @@ fn program_setup(
     if let Some(furnish) = furnish {
         furnish()?;
     }
-    if !landlock {
+    let Some(egress_port) = landlock else {
         return Ok(());
-    }
-    match landlock::apply().map_err(Failure::at("landlock"))? {
+    };
+    match landlock::apply(egress_port).map_err(Failure::at("landlock"))? {
         landlock::Enforcement::Full => {}
         other => {
             let warning = InitLine::Warning(format!(

@@ -1,10 +1,11 @@
-//! Landlock: read-only everywhere, read-write only in the workspace, `/tmp` and
-//! `/dev/shm`; TCP bind and connect denied; signals and abstract Unix sockets
-//! scoped to the sandbox. Applied by the program's process, after `pivot_root`, so
-//! the paths are the sandbox's own.
+//! Landlock: read-only everywhere, read-write only in the workspace, `/tmp`,
+//! `/dev/shm` and the package layer; TCP bind denied, and TCP connect too but to
+//! the egress proxy's port (a policy with network); signals and abstract Unix
+//! sockets scoped to the sandbox. Applied by the program's process, after
+//! `pivot_root`, so the paths are the sandbox's own.
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetError, RulesetStatus, Scope, ABI,
 };
 
@@ -16,7 +17,11 @@ pub const TARGET_ABI: ABI = ABI::V7;
 /// made, and rules bind to the inodes they were opened on (a rule on the directory
 /// the workspace later covers would not apply). `/mnt` itself is on the read-only
 /// rootfs, so this grants nothing more.
-pub const WRITABLE: [&str; 3] = ["/mnt", "/tmp", "/dev/shm"];
+/// `/opt/packages` is the session's package layer: an empty directory of the
+/// read-only rootfs when the session has none, and the rule's inode is the
+/// directory the layer is later mounted on in a pooled sandbox, which the rule
+/// then does not cover; so the rule is on `/opt` (read-only but for that mount).
+pub const WRITABLE: [&str; 4] = ["/mnt", "/tmp", "/dev/shm", "/opt"];
 /// Device files the sandbox may write to (writes are discarded or fail as usual).
 pub const WRITABLE_DEVICES: [&str; 3] = ["/dev/null", "/dev/zero", "/dev/full"];
 
@@ -43,14 +48,17 @@ pub struct Plan {
     pub handled_fs: BitFlags<AccessFs>,
     pub handled_net: BitFlags<AccessNet>,
     pub scopes: BitFlags<Scope>,
-    /// `(path, rights below it)`, applied in order. No network rule: TCP bind and
-    /// connect are handled and never granted.
+    /// `(path, rights below it)`, applied in order.
     pub rules: Vec<(&'static str, BitFlags<AccessFs>)>,
+    /// The one TCP port the sandbox may connect to (the egress proxy's, on its own
+    /// loopback); bind is never granted.
+    pub connect_port: Option<u16>,
 }
 
 /// The ruleset for `abi`: read (and execute) everywhere, everything below
-/// [`WRITABLE`], read/write/truncate on [`WRITABLE_DEVICES`].
-pub fn plan(abi: ABI) -> Plan {
+/// [`WRITABLE`], read/write/truncate on [`WRITABLE_DEVICES`], and TCP connect to
+/// `egress_port` when given.
+pub fn plan(abi: ABI, egress_port: Option<u16>) -> Plan {
     let mut rules = vec![("/", AccessFs::from_read(abi))];
     rules.extend(WRITABLE.iter().map(|p| (*p, AccessFs::from_all(abi))));
     rules.extend(WRITABLE_DEVICES.iter().map(|p| (*p, AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate)));
@@ -59,13 +67,15 @@ pub fn plan(abi: ABI) -> Plan {
         handled_net: AccessNet::from_all(abi),
         scopes: Scope::from_all(abi),
         rules,
+        connect_port: egress_port,
     }
 }
 
-/// Build [`plan`]`(`[`TARGET_ABI`]`)` and apply it to the calling thread and its
-/// future children (best effort: rights an older kernel lacks are left out).
-pub fn apply() -> Result<Enforcement, Error> {
-    let plan = plan(TARGET_ABI);
+/// Build [`plan`]`(`[`TARGET_ABI`]`, egress_port)` and apply it to the calling
+/// thread and its future children (best effort: rights an older kernel lacks are
+/// left out).
+pub fn apply(egress_port: Option<u16>) -> Result<Enforcement, Error> {
+    let plan = plan(TARGET_ABI, egress_port);
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(plan.handled_fs)?
@@ -74,6 +84,9 @@ pub fn apply() -> Result<Enforcement, Error> {
         .create()?;
     for (path, access) in plan.rules {
         ruleset = ruleset.add_rules(path_beneath_rules([path], access))?;
+    }
+    if let Some(port) = plan.connect_port {
+        ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
     }
     let status = ruleset.restrict_self()?;
     Ok(match status.ruleset {
@@ -104,18 +117,22 @@ mod tests {
 
     #[test]
     fn the_plan_denies_what_it_does_not_grant() {
-        let p = plan(TARGET_ABI);
+        let p = plan(TARGET_ABI, None);
         assert_eq!(p.handled_fs, AccessFs::from_all(TARGET_ABI));
         // Network: both TCP rights handled, no rule grants either.
         assert_eq!(p.handled_net, AccessNet::BindTcp | AccessNet::ConnectTcp);
+        assert_eq!(p.connect_port, None);
         assert_eq!(p.scopes, Scope::AbstractUnixSocket | Scope::Signal);
         let paths: Vec<&str> = p.rules.iter().map(|(path, _)| *path).collect();
-        assert_eq!(paths, ["/", "/mnt", "/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full"]);
+        assert_eq!(paths, ["/", "/mnt", "/tmp", "/dev/shm", "/opt", "/dev/null", "/dev/zero", "/dev/full"]);
+        // With network, connecting to the proxy's port only; binding stays denied.
+        let p = plan(TARGET_ABI, Some(3128));
+        assert_eq!((p.connect_port, p.handled_net), (Some(3128), AccessNet::BindTcp | AccessNet::ConnectTcp));
     }
 
     #[test]
     fn the_root_is_read_only_and_only_the_writable_places_get_more() {
-        let p = plan(TARGET_ABI);
+        let p = plan(TARGET_ABI, None);
         let root = p.rules[0].1;
         assert_eq!(root, AccessFs::Execute | AccessFs::ReadFile | AccessFs::ReadDir);
         let write = AccessFs::WriteFile
@@ -132,10 +149,10 @@ mod tests {
             | AccessFs::Truncate
             | AccessFs::IoctlDev;
         assert!(!root.intersects(write));
-        for (path, access) in &p.rules[1..4] {
+        for (path, access) in &p.rules[1..5] {
             assert_eq!(*access, AccessFs::from_all(TARGET_ABI), "{path}");
         }
-        for (path, access) in &p.rules[4..] {
+        for (path, access) in &p.rules[5..] {
             assert_eq!(*access, AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate, "{path}");
             // Devices: no making, removing, renaming or ioctl.
             assert!(!access.intersects(AccessFs::IoctlDev | AccessFs::Refer | AccessFs::RemoveFile), "{path}");
@@ -144,9 +161,9 @@ mod tests {
 
     #[test]
     fn an_older_abi_handles_fewer_rights() {
-        let v1 = plan(ABI::V1);
+        let v1 = plan(ABI::V1, Some(3128));
         assert!(v1.handled_net.is_empty() && v1.scopes.is_empty());
         assert!(!v1.handled_fs.contains(AccessFs::Truncate) && !v1.handled_fs.contains(AccessFs::Refer));
-        assert_eq!(v1.rules.len(), plan(TARGET_ABI).rules.len());
+        assert_eq!(v1.rules.len(), plan(TARGET_ABI, None).rules.len());
     }
 }

@@ -11,7 +11,7 @@
 //! | channel | carrier | daemon → peer | peer → daemon |
 //! |---|---|---|---|
 //! | slot | SOCK_SEQPACKET, one datagram each | [`Prepare`], then per run `r` + [`HelperFds`] | [`SlotReply`] |
-//! | helper control | stream socket, JSON lines | one [`SandboxSpec`], then [`HelperRequest`]s | [`Event`]s |
+//! | helper control | stream socket, JSON lines | one [`SandboxSpec`], then [`HelperRequest`]s | [`Event`]s (`started` and `furnished` with the egress listener attached, SCM_RIGHTS, when they say `"listener":true`) |
 //! | init report | pipe, JSON lines | — | [`InitLine`] (init → helper, or → a fork's outer process) |
 //! | template | the template's stdin socket, JSON lines | [`ForkRequest`] + [`ForkFds`] | [`TemplateMessage`] |
 //! | a pooled run's socket | stream socket, JSON lines | [`ForkReply`], then [`RunCode`] | [`ForkMessage`]s, then [`RunClaim`] |
@@ -155,8 +155,9 @@ pub enum HelperRequest {
     Attach(Attach),
 }
 
-/// Mount this workspace at `/mnt/data`, its files owned by `owner` on disk
-/// appearing as the sandbox user's (an idmapped mount).
+/// Mount this workspace at `/mnt/data` (and the session's package layer, if it has
+/// one, at `/opt/packages`), their files owned by `owner` on disk appearing as the
+/// sandbox user's (idmapped mounts).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attach {
     /// Host pid of a process whose mount namespace gets the workspace: a template's
@@ -164,6 +165,9 @@ pub struct Attach {
     #[serde(default)]
     pub pid: Option<i32>,
     pub workspace: PathBuf,
+    /// The session's package layer (a host directory), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<PathBuf>,
     /// The host uid/gid that owns the workspace's files (the session's).
     pub owner_uid: u32,
     pub owner_gid: u32,
@@ -175,12 +179,21 @@ pub struct Attach {
 pub enum Event {
     /// The run's helper process exists; `pid` is its host pid.
     HelperStarted { pid: i32 },
-    /// The sandbox's init process exists; `init_pid` is its host pid.
-    Started { init_pid: i32 },
+    /// The sandbox's init process exists; `init_pid` is its host pid. `listener`:
+    /// the egress listener ([`super::netns`]) is attached to this line.
+    Started {
+        init_pid: i32,
+        #[serde(default, skip_serializing_if = "is_false")]
+        listener: bool,
+    },
     /// The workspace of a pooled sandbox is mounted.
     Attached,
-    /// A template fork's own `/tmp`, `/dev/shm` and `/proc` masks are mounted.
-    Furnished,
+    /// A template fork's own `/tmp`, `/dev/shm` and `/proc` masks are mounted;
+    /// `listener`: the fork's egress listener is attached to this line.
+    Furnished {
+        #[serde(default, skip_serializing_if = "is_false")]
+        listener: bool,
+    },
     /// A degraded protection, e.g. Landlock not fully enforced on an old kernel.
     Warning { message: String },
     /// The program ended, as the init reaped it.
@@ -192,14 +205,23 @@ pub enum Event {
     SetupFailed { step: String, error: String },
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 impl Event {
+    /// Whether an fd (the egress listener) travels with this line.
+    pub fn carries_listener(&self) -> bool {
+        matches!(self, Event::Started { listener: true, .. } | Event::Furnished { listener: true })
+    }
+
     /// Its tag on the wire, for errors and logs.
     pub fn name(&self) -> &'static str {
         match self {
             Event::HelperStarted { .. } => "helper_started",
             Event::Started { .. } => "started",
             Event::Attached => "attached",
-            Event::Furnished => "furnished",
+            Event::Furnished { .. } => "furnished",
             Event::Warning { .. } => "warning",
             Event::Ended { .. } => "ended",
             Event::InitKilled { .. } => "init_killed",
@@ -392,6 +414,9 @@ pub struct RunCode<'a> {
     pub code: &'a str,
     pub run_id: &'a str,
     pub autosave: bool,
+    /// Variables the run's environment gains (its session's: the secrets'
+    /// placeholders): the template started before the run's session was known.
+    pub env: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// What a run's process may say on the run's socket once it has its code: the exit
@@ -436,6 +461,9 @@ pub struct KernelCell<'a> {
     /// Bytes of each stream the kernel keeps (the daemon keeps no more either).
     pub output_limit: usize,
     pub nonce: &'a str,
+    /// Variables the kernel's environment takes before the cell (its session's
+    /// secrets' placeholders, which may change between cells).
+    pub env: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// What a kernel (or the user's code in its process) may write, one per line.

@@ -3,7 +3,8 @@
 //! The daemon's side, from the bottom up (every arrow points down):
 //!
 //! - [`process`] (pidfds, signals, pipes) and [`channel`] (the one channel type,
-//!   bounded lines, fd passing) carry the typed messages of [`message`];
+//!   bounded lines, fd passing; [`fdstream`]: a helper's lines with the fds sent
+//!   along) carry the typed messages of [`message`];
 //! - [`drive`]: timeout → ask → grace → kill, and cancel, for every run ([`drive::Drive`]);
 //! - [`supervise`]: have a slot fork a run's helper, then drive the run (output
 //!   capped, timeout, grace, cancel) and complete its [`Outcome`] in one place;
@@ -14,6 +15,7 @@
 //! The processes' side: [`slot`] (a resident process per cgroup) forks the run's
 //! [`helper`], which clones [`init`] (pid 1 in the sandbox); a template's forks
 //! run [`fork`] (`sandboxd_enter`). One file per mechanism: [`namespaces`],
+//! [`netns`] (the egress proxy's listener, made in the sandbox's network namespace),
 //! [`mounts`] (built inside), [`attach`] (mounted from outside), [`devfs`] (the
 //! shared `/dev`), [`cgroup`], [`caps`], [`rlimits`], [`landlock`], [`seccomp`].
 
@@ -23,6 +25,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod devfs;
 pub mod drive;
+pub mod fdstream;
 pub mod fork;
 pub mod helper;
 pub mod init;
@@ -30,6 +33,7 @@ pub mod landlock;
 pub mod message;
 pub mod mounts;
 pub mod namespaces;
+pub mod netns;
 pub mod output;
 pub mod pooled;
 pub mod process;
@@ -43,4 +47,4 @@ pub mod supervise;
 pub use pooled::{Forked, PooledTemplate, Running};
 pub use sandboxes::Sandboxes;
 pub use slot::HELPER_ARG;
-pub use supervise::{Baseline, Bounds, Error, Outcome, Run, PIDS_KEEP};
+pub use supervise::{Baseline, Bounds, Error, Outcome, Run, Started, PIDS_KEEP};

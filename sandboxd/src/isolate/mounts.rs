@@ -85,6 +85,10 @@ pub struct Filesystem<'a> {
     pub dev: &'a Path,
     /// `None`: the workspace is attached later ([`super::attach::workspace`]).
     pub workspace: Option<&'a Path>,
+    /// The session's package layer, bound read-write at `/opt/packages`.
+    pub packages: Option<&'a Path>,
+    /// The CA bundle bound read-only over the rootfs's (a sandbox with network).
+    pub ca_bundle: Option<&'a Path>,
     pub tmp_size_bytes: u64,
     pub shm_size_bytes: u64,
     /// Mask `/proc` ([`proc_masks`]). Not for a pooled template: its forks mount a
@@ -148,6 +152,16 @@ pub fn plan(l: &Filesystem) -> Vec<MountOp> {
     if let Some(workspace) = l.workspace {
         ops.push(Bind { src: workspace.into(), dst: root.join("mnt/data") });
         ops.push(RemountNoSuidNoDev { path: root.join("mnt/data") });
+    }
+    if let Some(packages) = l.packages {
+        let dst = root.join(super::spec::PACKAGES_DIR.trim_start_matches('/'));
+        ops.push(Bind { src: packages.into(), dst: dst.clone() });
+        ops.push(RemountNoSuidNoDev { path: dst });
+    }
+    if let Some(bundle) = l.ca_bundle {
+        let dst = root.join(super::spec::CA_BUNDLE.trim_start_matches('/'));
+        ops.push(Bind { src: bundle.into(), dst: dst.clone() });
+        ops.push(RemountReadOnly { path: dst });
     }
     ops.extend([
         Tmpfs { dst: root.join("tmp"), size_bytes: l.tmp_size_bytes, mode: 0o1777, noexec: false },
@@ -273,6 +287,8 @@ mod tests {
             rootfs: Path::new("/r"),
             dev: Path::new("/d"),
             workspace,
+            packages: None,
+            ca_bundle: None,
             tmp_size_bytes: 1 << 20,
             shm_size_bytes: 2 << 20,
             mask_proc,
@@ -298,6 +314,31 @@ mod tests {
         assert!(bind.is_some() && ro > bind);
         assert!(ops.contains(&MountOp::Bind { src: "/w".into(), dst: "/r/mnt/data".into() }));
         assert!(ops.contains(&MountOp::RemountNoSuidNoDev { path: "/r/mnt/data".into() }));
+    }
+
+    #[test]
+    fn the_package_layer_is_bound_writable_and_the_ca_bundle_read_only() {
+        let ops = plan(&Filesystem {
+            rootfs: Path::new("/r"),
+            dev: Path::new("/d"),
+            workspace: Some(Path::new("/w")),
+            packages: Some(Path::new("/s/packages")),
+            ca_bundle: Some(Path::new("/state/egress/ca-bundle.pem")),
+            tmp_size_bytes: 1 << 20,
+            shm_size_bytes: 2 << 20,
+            mask_proc: true,
+        });
+        let at = |op: MountOp| ops.iter().position(|o| *o == op).unwrap();
+        let layer = at(MountOp::Bind { src: "/s/packages".into(), dst: "/r/opt/packages".into() });
+        assert_eq!(at(MountOp::RemountNoSuidNoDev { path: "/r/opt/packages".into() }), layer + 1);
+        let bundle = at(MountOp::Bind {
+            src: "/state/egress/ca-bundle.pem".into(),
+            dst: "/r/etc/ssl/certs/ca-certificates.crt".into(),
+        });
+        assert_eq!(at(MountOp::RemountReadOnly { path: "/r/etc/ssl/certs/ca-certificates.crt".into() }), bundle + 1);
+        // Both after the read-only root, before the pivot.
+        assert!(layer > at(MountOp::RemountReadOnly { path: "/r".into() }) && bundle < ops.len() - 1);
+        assert_eq!(ops.len(), layout().len() + 4);
     }
 
     #[test]

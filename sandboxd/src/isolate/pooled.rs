@@ -68,6 +68,9 @@ pub struct Forked {
     /// The run's init, to kill it once the run is over without ever signalling
     /// another process that got its pid after it died.
     init_pidfd: OwnedFd,
+    /// The egress proxy's listener in the fork's network namespace (a policy with
+    /// network), until the run that takes the fork serves it.
+    listener: Option<OwnedFd>,
 }
 
 fn fork_failed(error: &str) -> Error {
@@ -118,6 +121,11 @@ impl Forked {
     pub async fn send_code(mut self, code: &RunCode<'_>) -> Result<Running, Error> {
         self.program.send(code).await?;
         Ok(Running(self))
+    }
+
+    /// The egress listener in the fork's network namespace, for the run's proxy.
+    pub fn take_listener(&mut self) -> Option<OwnedFd> {
+        self.listener.take()
     }
 
     /// Still waiting for its code: nothing said, nothing closed.
@@ -265,36 +273,50 @@ impl PooledTemplate {
             // init (which waits for it) is still the process behind `init_pid`.
             let program_pid =
                 children(init_pid).first().copied().ok_or_else(|| fork_failed("the fork's init has no run process"))?;
-            self.ask_helper(&HelperRequest::Furnish { pid: outer_pid }, &Event::Furnished).await?;
+            self.ask_helper(&HelperRequest::Furnish { pid: outer_pid }, "furnished").await?;
+            let listener = self.sandbox.listener.take();
             program.send(&ForkReply::Furnished(true)).await?;
             fork_says(&mut program, &mut report, ForkMessage::Entered(true)).await?;
-            Ok::<_, Error>((outer_pid, init_pid, program_pid, init_pidfd))
+            Ok::<_, Error>((outer_pid, init_pid, program_pid, init_pidfd, listener))
         };
-        let (outer_pid, init_pid, program_pid, init_pidfd) =
+        let (outer_pid, init_pid, program_pid, init_pidfd, listener) =
             match tokio::time::timeout(Duration::from_secs(10), entered).await {
                 Ok(found) => found?,
                 Err(_) => return Err(fork_failed("no fork within 10 s")),
             };
-        Ok(Forked { program, report, stdout, stderr, outer_pid, init_pid, program_pid, init_pidfd })
+        Ok(Forked { program, report, stdout, stderr, outer_pid, init_pid, program_pid, init_pidfd, listener })
     }
 
     /// Mount the session's workspace (owned by `owner` on the host) at `/mnt/data`
-    /// in the fork's mount namespace.
-    pub async fn attach(&mut self, forked: &Forked, workspace: &std::path::Path, owner: u32) -> Result<(), Error> {
-        let req =
-            Attach { pid: Some(forked.outer_pid), workspace: workspace.into(), owner_uid: owner, owner_gid: owner };
+    /// in the fork's mount namespace, and its package layer, if it has one, at
+    /// `/opt/packages`.
+    pub async fn attach(
+        &mut self,
+        forked: &Forked,
+        workspace: &std::path::Path,
+        packages: Option<&std::path::Path>,
+        owner: u32,
+    ) -> Result<(), Error> {
+        let req = Attach {
+            pid: Some(forked.outer_pid),
+            workspace: workspace.into(),
+            packages: packages.map(Into::into),
+            owner_uid: owner,
+            owner_gid: owner,
+        };
         self.slot.cg.set_idle(false)?;
-        self.ask_helper(&HelperRequest::Attach(req), &Event::Attached).await
+        self.ask_helper(&HelperRequest::Attach(req), "attached").await
     }
 
-    /// Send the sandbox's helper `req` and wait for its answer, `done`.
-    async fn ask_helper(&mut self, req: &HelperRequest, done: &Event) -> Result<(), Error> {
+    /// Send the sandbox's helper `req` and wait for its answer, the event named
+    /// `done` (an fd it carries is the sandbox's `listener` then).
+    async fn ask_helper(&mut self, req: &HelperRequest, done: &str) -> Result<(), Error> {
         let control = self.sandbox.control.as_mut().ok_or(Error::NoHelper)?;
         control.send(req).await?;
         loop {
             match self.sandbox.next_event().await? {
                 Event::SetupFailed { step, error } => return Err(Error::Setup { step, error }),
-                e if e == *done => return Ok(()),
+                e if e.name() == done => return Ok(()),
                 _ => continue,
             }
         }
@@ -320,6 +342,7 @@ impl PooledTemplate {
             helper_pid: None,
             init_pid: Some(init_pid),
             warnings: vec![],
+            listener: None,
         };
         let started = Instant::now();
         let ended: Done<'_> = Box::pin(async { Some(run_ended(&mut program, &mut report, &bounds.id).await) });

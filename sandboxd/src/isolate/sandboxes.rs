@@ -5,7 +5,7 @@ use super::cgroup;
 use super::output::Chunk;
 use super::process;
 use super::slot::{self, HELPER_ARG};
-use super::supervise::{drive, launch, Baseline, Error, Outcome, Run, Usage, PIDS_KEEP};
+use super::supervise::{drive, launch, Baseline, Error, Outcome, Run, Started, Usage, PIDS_KEEP};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -106,13 +106,14 @@ impl Sandboxes {
 
     /// Run the program in a new sandbox. `chunks`, when given, receives the output
     /// as it is produced (within the caps). Setting `cancel` to true kills the run.
-    /// `started`, when given, receives the host pid of the sandbox's init (to signal it).
+    /// `started`, when given, receives the host pid of the sandbox's init (to signal it)
+    /// and its egress listener (a policy with network).
     pub async fn run(
         self: &Arc<Self>,
         run: Run,
         chunks: Option<mpsc::Sender<Chunk>>,
         cancel: watch::Receiver<bool>,
-        started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+        started_tx: Option<tokio::sync::oneshot::Sender<Started>>,
     ) -> Result<Outcome, Error> {
         self.run_with_stdin(run, None, chunks, cancel, started_tx, None).await
     }
@@ -126,7 +127,7 @@ impl Sandboxes {
         stdin: Option<OwnedFd>,
         chunks: Option<mpsc::Sender<Chunk>>,
         mut cancel: watch::Receiver<bool>,
-        started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+        started_tx: Option<tokio::sync::oneshot::Sender<Started>>,
         cgroup_tx: Option<tokio::sync::oneshot::Sender<cgroup::RunCgroup>>,
     ) -> Result<Outcome, Error> {
         let started = Instant::now();

@@ -10,6 +10,16 @@ use std::path::PathBuf;
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
 
+/// Where a sandbox with network reaches the daemon's egress proxy, on its own
+/// loopback (the proxy's listening socket is made in the sandbox's network
+/// namespace: [`super::netns`]).
+pub const EGRESS_PORT: u16 = 3128;
+/// Where the session's package layer is mounted (read-write) in a sandbox.
+pub const PACKAGES_DIR: &str = "/opt/packages";
+/// The CA bundle a sandbox with network trusts: the host's, and the proxy's own
+/// CA (bound read-only over the rootfs's bundle).
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// Longest [`SandboxSpec`] line the helper reads: the largest code a policy allows
 /// ([`crate::policy::MAX_CODE_KB`], as the program's stdin or argv), each byte at
 /// most 6 in JSON, plus 1 MiB for the rest (the seccomp filter is at most 4096
@@ -48,6 +58,26 @@ pub struct SandboxSpec {
     /// The seccomp filter the init loads, compiled once by the daemon
     /// ([`super::seccomp::filter`]): the sandbox never compiles one.
     pub seccomp: Program,
+    /// The egress proxy, for a policy with network: the helper makes its listening
+    /// socket in the sandbox's network namespace, Landlock allows connecting to
+    /// that one port, and the CA bundle is bound over [`CA_BUNDLE`]. `None`: no
+    /// network at all.
+    #[serde(default)]
+    pub egress: Option<Egress>,
+    /// The session's package layer (a host directory), mounted read-write at
+    /// [`PACKAGES_DIR`]; a pooled sandbox's comes with its workspace
+    /// ([`super::message::Attach`]).
+    #[serde(default)]
+    pub packages: Option<PathBuf>,
+}
+
+/// How a sandbox reaches the egress proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Egress {
+    /// The port the proxy listens on, on the sandbox's `127.0.0.1`.
+    pub port: u16,
+    /// The host's CA bundle with the proxy's CA, bound over [`CA_BUNDLE`].
+    pub ca_bundle: PathBuf,
 }
 
 /// What a fork of a template needs to become a sandbox of its own; sent to the
@@ -60,6 +90,10 @@ pub struct ChildSpec {
     /// The daemon's seccomp filter, which the fork's init loads (the library links
     /// no libseccomp).
     pub seccomp: Program,
+    /// The egress proxy's port, which Landlock lets the fork connect to (its
+    /// listener comes from the template's helper with the fork's `/tmp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -84,14 +118,13 @@ mod tests {
         let workspace = "/w".repeat(2048);
         let policy = crate::model::policy::Policy::default();
         let argv = vec![crate::plan::PYTHON.into(), crate::plan::RUNNER.into(), "0".repeat(32), "1".into()];
-        let mut spec = crate::plan::sandbox_spec(
-            Path::new("/rootfs"),
-            Some(Path::new(&workspace)),
-            1,
-            &policy,
-            argv,
-            Some(code.clone()),
-        );
+        let at = crate::plan::Where {
+            rootfs: Path::new("/rootfs"),
+            workspace: Some(Path::new(&workspace)),
+            packages: Some(Path::new(&workspace)),
+            ca_bundle: Some(Path::new(&workspace)),
+        };
+        let mut spec = crate::plan::sandbox_spec(&at, 1, &policy, argv, Some(code.clone()));
         spec.seccomp = Program::from_bytes(&[0u8; 4096 * 8]).unwrap();
         let line = super::super::channel::encode(&spec).unwrap();
         let rest = line.len() - code.len() * 6;

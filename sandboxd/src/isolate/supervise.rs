@@ -8,6 +8,7 @@
 use super::cgroup::{self, RunCgroup};
 use super::channel::{self, Channel};
 use super::drive::{Drive, Kill, Target};
+use super::fdstream::FdStream;
 use super::message::{Event, Exit, HelperFds, Report, RunClaim, Stream};
 use super::output::{self, Captured, Chunk};
 use super::process::{pipe, socket_pair};
@@ -169,13 +170,13 @@ impl Baseline {
         Usage {
             oom_killed: cg.oom_kills() > self.oom,
             pids_spent,
-            run: RunUsage { cpu_ms, memory_peak_bytes, pids_peak },
+            run: RunUsage { cpu_ms, memory_peak_bytes, pids_peak, net: None },
         }
     }
 }
 
 /// What the run's cgroup says about it, read once its processes are gone.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Usage {
     pub oom_killed: bool,
     /// The run raised the cgroup's task peak past [`PIDS_KEEP`] of its own.
@@ -221,16 +222,28 @@ impl Ended {
 /// report ended without a word).
 pub type Done<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Exit>> + Send + 'a>>;
 
+/// What a sandbox's start tells the one who launched it: its init's host pid, and
+/// the egress proxy's listener in its network namespace (a policy with network).
+#[derive(Debug)]
+pub struct Started {
+    pub init_pid: i32,
+    pub listener: Option<OwnedFd>,
+}
+
 /// The daemon's ends of a sandbox whose helper has its spec.
 pub struct Launched {
-    /// The helper's control socket: [`Event`]s in, [`super::message::Attach`]es
-    /// out; None for a template's fork, which has no helper.
-    pub control: Option<Channel<tokio::net::UnixStream>>,
+    /// The helper's control socket: [`Event`]s in (with the fds they carry),
+    /// [`super::message::Attach`]es out; None for a template's fork, which has no
+    /// helper.
+    pub control: Option<Channel<FdStream>>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
     pub helper_pid: Option<i32>,
     pub init_pid: Option<i32>,
     pub warnings: Vec<String>,
+    /// The last egress listener the helper sent ([`Event::carries_listener`]), not
+    /// yet taken.
+    pub listener: Option<OwnedFd>,
 }
 
 impl Launched {
@@ -240,6 +253,19 @@ impl Launched {
         loop {
             match control.recv::<Event>().await {
                 Ok(Some(Event::HelperStarted { pid })) => self.helper_pid = Some(pid),
+                Ok(Some(e)) if e.carries_listener() => {
+                    // Sent with the line's bytes, so here by now.
+                    match control.get_mut().take_fd() {
+                        Some(fd) => self.listener = Some(fd),
+                        None => {
+                            return Err(Error::Setup {
+                                step: "egress".into(),
+                                error: "the helper said it sent the egress listener, and none came".into(),
+                            })
+                        }
+                    }
+                    return Ok(e);
+                }
                 Ok(Some(Event::Warning { message })) => {
                     tracing::warn!("{message}");
                     self.warnings.push(message);
@@ -257,7 +283,7 @@ impl Launched {
 
     pub async fn wait_started(&mut self) -> Result<(), Error> {
         match self.next_event().await? {
-            Event::Started { init_pid } => {
+            Event::Started { init_pid, .. } => {
                 self.init_pid = Some(init_pid);
                 Ok(())
             }
@@ -287,7 +313,7 @@ pub async fn launch(slot: &slot::Slot, spec: &SandboxSpec, stdin: Option<&OwnedF
     slot.fork_helper(&fds).map_err(|f| Error::Setup { step: f.step.into(), error: f.error })?;
     // Only the helper holds the write ends now: end-of-file means the sandbox is done.
     drop((out_w, err_w, theirs));
-    let mut control = Channel::new(ours, HELPER_LINE);
+    let mut control = Channel::new(FdStream::new(ours), HELPER_LINE);
     control.send(spec).await?;
     Ok(Launched {
         control: Some(control),
@@ -296,6 +322,7 @@ pub async fn launch(slot: &slot::Slot, spec: &SandboxSpec, stdin: Option<&OwnedF
         helper_pid: None,
         init_pid: None,
         warnings: vec![],
+        listener: None,
     })
 }
 
@@ -363,7 +390,7 @@ pub async fn drive<K: Kill>(
     chunks: Option<mpsc::Sender<Chunk>>,
     cancel: &mut watch::Receiver<bool>,
     started: Instant,
-    mut started_tx: Option<tokio::sync::oneshot::Sender<i32>>,
+    mut started_tx: Option<tokio::sync::oneshot::Sender<Started>>,
     done: Option<Done<'_>>,
     kill: K,
 ) -> Result<Ended, Error> {
@@ -386,12 +413,12 @@ pub async fn drive<K: Kill>(
                 // The helper's pid comes as bookkeeping: known from now on.
                 drive.retarget(sandbox.target());
                 match event {
-                    Ok(Event::Started { init_pid: pid }) => {
+                    Ok(Event::Started { init_pid: pid, .. }) => {
                         tracing::debug!(run_id = %run.id, elapsed_us = started.elapsed().as_micros() as u64, "sandbox init started");
                         sandbox.init_pid = Some(pid);
                         init_started = Some(started.elapsed());
                         if let Some(tx) = started_tx.take() {
-                            let _ = tx.send(pid);
+                            let _ = tx.send(Started { init_pid: pid, listener: sandbox.listener.take() });
                         }
                         // A cancel (or a kill at the limit) that came before the
                         // sandbox said who its init is reached at most its helper:

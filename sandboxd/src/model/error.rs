@@ -43,6 +43,8 @@ pub enum Code {
     MaxConnections,
     /// The state directory's filesystem cannot hold another session.
     InsufficientStorage,
+    /// Installing packages failed; the message has the installer's own words.
+    PackageInstallFailed,
     Unavailable,
     Internal,
 }
@@ -80,6 +82,7 @@ impl Code {
             MaxListings => "max_listings",
             MaxConnections => "max_connections",
             InsufficientStorage => "insufficient_storage",
+            PackageInstallFailed => "package_install_failed",
             Unavailable => "unavailable",
             Internal => "internal",
         }

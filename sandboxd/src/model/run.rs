@@ -36,6 +36,11 @@ pub struct RunRequest {
     /// Save open matplotlib figures (default: the policy's setting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autosave_figures: Option<bool>,
+    /// Packages to install into the session's package layer before the code runs
+    /// (as `POST /v1/sessions/{id}/packages`): requirement strings such as
+    /// `"requests==2.32.3"` or `"tabulate"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -109,7 +114,7 @@ pub struct RunResult {
 /// A sandbox's cgroup can serve many runs (a cold slot, a pooled template, a
 /// kernel session), so each figure is measured over the run alone: counters are
 /// read when the run begins and when its processes are gone.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunUsage {
     /// CPU time (user + system, all cores) used by the run's processes, in
     /// milliseconds: the cgroup's CPU time at the end minus at the start
@@ -139,6 +144,40 @@ pub struct RunUsage {
     /// the kernel restarts. Null when the kernel does not report `pids.peak`
     /// (before Linux 6.1).
     pub pids_peak: Option<u64>,
+    /// What the run did through the egress proxy; present when its policy has
+    /// network (`allowlist`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetUsage>,
+}
+
+/// A run's use of the network, as the egress proxy saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NetUsage {
+    /// Connections the proxy accepted from the sandbox (refused ones included).
+    pub connections: u64,
+    /// The hosts it reached, `host:port`, in the order first reached (at most 64).
+    pub hosts: Vec<String>,
+    /// Bytes the sandbox received through the proxy.
+    pub bytes_in: u64,
+    /// Bytes the sandbox sent through the proxy.
+    pub bytes_out: u64,
+    /// Of `bytes_in`: package files served from the daemon's cache, not the index.
+    pub cached_bytes: u64,
+    /// What the proxy refused (the first 16; `refused_total` counts them all).
+    pub refused: Vec<NetRefusal>,
+    pub refused_total: u64,
+}
+
+/// One request the egress proxy refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NetRefusal {
+    /// `host:port` as the request named it.
+    pub host: String,
+    /// `host_not_allowed`, `port_not_allowed`, `address_not_allowed`,
+    /// `name_not_resolved`, `connect_failed`, `secret_not_allowed`,
+    /// `too_many_connections` or `bad_request`.
+    pub code: String,
+    pub message: String,
 }
 
 /// What kernel sessions add to a run result.

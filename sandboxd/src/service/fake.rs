@@ -6,9 +6,11 @@ use crate::isolate::output::{Chunk, Stream};
 use crate::model::check;
 use crate::model::files::FileEntry;
 use crate::model::health::Problem;
+use crate::model::packages::{InstallRequest, InstallResult, InstalledPackage};
 use crate::model::policy::Policy;
 use crate::model::records::{RunPage, RunRecord};
 use crate::model::run::{RunRequest, RunResult, Status};
+use crate::model::secrets::{SecretInfo, SecretRequest, SecretSource};
 use crate::model::session::{CreateSessionRequest, Mode, SessionInfo, StatusAnswer};
 use crate::run;
 use crate::service::{self, Caller, Condition, FileUpload, Listing, OpenFile, Operations, RunDone};
@@ -294,6 +296,61 @@ impl Operations for Memory {
         })
     }
     /// The host as the fake finds it: one requirement met, one not.
+    fn install_packages<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        req: InstallRequest,
+    ) -> BoxFuture<'a, Result<InstallResult, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            let (_, info) = self.session(caller, id)?;
+            crate::packages::check(&Policy::default(), &req.packages)?;
+            Ok(InstallResult {
+                session_id: info.id,
+                installed: req
+                    .packages
+                    .iter()
+                    .map(|p| InstalledPackage { name: p.clone(), version: "1.0".into() })
+                    .collect(),
+                unchanged: vec![],
+                duration_ms: 5,
+                layer_bytes: 1024,
+                layer_limit_bytes: 1 << 30,
+                net: Default::default(),
+            })
+        })
+    }
+
+    fn set_secret(
+        &self,
+        caller: &Caller,
+        id: &str,
+        name: &str,
+        req: SecretRequest,
+    ) -> Result<SecretInfo, service::Error> {
+        self.enter(caller)?;
+        self.session(caller, id)?;
+        Ok(SecretInfo {
+            name: name.to_string(),
+            hosts: req.hosts,
+            substitute_in: req.substitute_in,
+            source: SecretSource::Session,
+        })
+    }
+
+    fn list_secrets(&self, caller: &Caller, id: &str) -> Result<Vec<SecretInfo>, service::Error> {
+        self.enter(caller)?;
+        self.session(caller, id)?;
+        Ok(vec![])
+    }
+
+    fn delete_secret(&self, caller: &Caller, id: &str, _name: &str) -> Result<StatusAnswer, service::Error> {
+        self.enter(caller)?;
+        self.session(caller, id)?;
+        Ok(StatusAnswer::status("deleted"))
+    }
+
     fn check_host(&self) -> BoxFuture<'_, check::Report> {
         Box::pin(async move {
             check::Report::new(vec![

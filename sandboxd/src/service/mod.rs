@@ -24,9 +24,11 @@ use crate::listing::{self, Listing};
 use crate::model::check::Report;
 use crate::model::files::FileEntry;
 use crate::model::health::{PoolStats, Problem};
+use crate::model::packages::{InstallRequest, InstallResult};
 use crate::model::policy::Policy;
 use crate::model::records::{RunPage, RunRecord};
 use crate::model::run::{RunRequest, RunResult};
+use crate::model::secrets::{SecretInfo, SecretRequest};
 use crate::model::session::{CreateSessionRequest, SessionInfo, StatusAnswer};
 use crate::run::{self, Context};
 use crate::session::{self, Manager};
@@ -59,6 +61,8 @@ pub enum Error {
     Run(#[from] run::Error),
     #[error(transparent)]
     Workspace(#[from] workspace::Error),
+    #[error(transparent)]
+    Packages(#[from] crate::packages::Error),
     /// A request that contradicts itself or its session; the text says how.
     #[error("{0}")]
     InvalidRequest(String),
@@ -182,6 +186,21 @@ pub trait Operations: Send + Sync + 'static {
         id: &'a str,
         run_id: &'a str,
     ) -> BoxFuture<'a, Result<RunRecord, Error>>;
+
+    /// Install `req.packages` into the session's package layer (as the session's
+    /// run: one at a time, `session_busy` while it runs).
+    fn install_packages<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        req: InstallRequest,
+    ) -> BoxFuture<'a, Result<InstallResult, Error>>;
+    /// Set the session's own secret `name` (write-only: no route answers its value).
+    fn set_secret(&self, caller: &Caller, id: &str, name: &str, req: SecretRequest) -> Result<SecretInfo, Error>;
+    /// The session's secrets (its policy's and its own): names and hosts.
+    fn list_secrets(&self, caller: &Caller, id: &str) -> Result<Vec<SecretInfo>, Error>;
+    /// Forget the session's own secret `name`.
+    fn delete_secret(&self, caller: &Caller, id: &str, name: &str) -> Result<StatusAnswer, Error>;
 
     /// What `GET /metrics` reads at a scrape (the pool, the sessions).
     fn metrics_live(&self) -> crate::metrics::Live {

@@ -11,9 +11,11 @@ use crate::check;
 use crate::isolate::output::Chunk;
 use crate::listing::{self, Listing};
 use crate::model::check::Report;
+use crate::model::packages::{InstallRequest, InstallResult};
 use crate::model::policy::Policy;
 use crate::model::records::{RunPage, RunRecord};
 use crate::model::run::RunRequest;
+use crate::model::secrets::{SecretInfo, SecretRequest};
 use crate::model::session::{CreateSessionRequest, Mode, SessionInfo, StatusAnswer};
 use crate::names;
 use crate::run;
@@ -86,7 +88,11 @@ impl Operations for Service {
                     lease
                 }
                 None => {
-                    run::validate(&req, &*self.sessions.policy(req.policy.as_deref())?)?;
+                    let policy = self.sessions.policy(req.policy.as_deref())?;
+                    run::validate(&req, &policy)?;
+                    if let Some(packages) = &req.packages {
+                        crate::packages::check(&policy, packages)?;
+                    }
                     // Refuse before a session is made for a run the token may not start.
                     self.sessions.check_run_quota(owner)?;
                     let info = self.sessions.create(None, req.policy.as_deref(), Mode::Script, None, owner).await?;
@@ -112,8 +118,15 @@ impl Operations for Service {
             let (done_tx, done_rx) = oneshot::channel();
             let ctx = self.ctx.clone();
             tokio::spawn(async move {
-                let (result, begun) = tokio::join!(run::execute(&ctx, &lease, &req, &run_id, chunks), begun);
-                let result = result.map_err(Error::from);
+                let ran = async {
+                    // The run's packages first, in its sandbox's session: the code
+                    // runs only once they are there.
+                    if let Some(packages) = &req.packages {
+                        crate::packages::install(&ctx, &lease, packages).await?;
+                    }
+                    run::execute(&ctx, &lease, &req, &run_id, chunks).await.map_err(Error::from)
+                };
+                let (result, begun) = tokio::join!(ran, begun);
                 match begun {
                     Ok(mut pending) => {
                         pending.record.ended(result.as_ref().map_err(record_error));
@@ -209,6 +222,43 @@ impl Operations for Service {
         Box::pin(check::now((*self.check).clone()))
     }
 
+    fn install_packages<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        req: InstallRequest,
+    ) -> BoxFuture<'a, Result<InstallResult, Error>> {
+        Box::pin(async move {
+            let lease = self.sessions.lease(id, caller.owner())?;
+            crate::packages::check(&lease.policy, &req.packages)?;
+            if self.draining.load(Ordering::SeqCst) {
+                return Err(Error::ShuttingDown);
+            }
+            let ctx = self.ctx.clone();
+            // In a task of its own, as a run: a caller that goes away does not
+            // abort the install halfway (the layer is swapped whole or not at all).
+            let installed = tokio::spawn(async move {
+                let result = crate::packages::install(&ctx, &lease, &req.packages).await;
+                drop(lease);
+                result
+            });
+            Ok(installed.await.map_err(|e| Error::internal("installing packages", e))??)
+        })
+    }
+
+    fn set_secret(&self, caller: &Caller, id: &str, name: &str, req: SecretRequest) -> Result<SecretInfo, Error> {
+        Ok(self.sessions.set_secret(id, caller.owner(), name, req.value, req.hosts, req.substitute_in)?)
+    }
+
+    fn list_secrets(&self, caller: &Caller, id: &str) -> Result<Vec<SecretInfo>, Error> {
+        Ok(self.sessions.list_secrets(id, caller.owner())?)
+    }
+
+    fn delete_secret(&self, caller: &Caller, id: &str, name: &str) -> Result<StatusAnswer, Error> {
+        self.sessions.delete_secret(id, caller.owner(), name)?;
+        Ok(StatusAnswer::status("deleted"))
+    }
+
     fn metrics_live(&self) -> crate::metrics::Live {
         let pool = self.ctx.pool.stats();
         crate::metrics::Live {
@@ -258,7 +308,9 @@ impl Operations for Service {
 /// told, without a host failure's details (those are in the daemon's log).
 fn record_error(e: &Error) -> String {
     match e {
-        Error::Internal { context, .. } | Error::Run(run::Error::Internal { context, .. }) => {
+        Error::Internal { context, .. }
+        | Error::Run(run::Error::Internal { context, .. })
+        | Error::Packages(crate::packages::Error::Internal { context, .. }) => {
             format!("{context} failed on the server; the daemon log has the cause")
         }
         other => other.to_string(),
@@ -272,6 +324,12 @@ fn check_policy(req: &RunRequest, lease: &Lease) -> Result<(), Error> {
             "session {:?} uses policy {:?}; a session's policy is fixed: create a new session for policy {p:?}",
             lease.id, lease.policy.name
         ))),
-        _ => run::validate(req, &lease.policy).map(|_| ()).map_err(Error::from),
+        _ => {
+            run::validate(req, &lease.policy)?;
+            if let Some(packages) = &req.packages {
+                crate::packages::check(&lease.policy, packages)?;
+            }
+            Ok(())
+        }
     }
 }

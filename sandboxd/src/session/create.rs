@@ -68,7 +68,15 @@ impl Manager {
         }
         let made = async {
             std::fs::create_dir_all(&dir)?;
-            self.storage.create(&dir, policy.workspace_bytes(), info.uid).await
+            // The package layer with the workspace, side by side: a session's first
+            // run finds it made (any run may `pip install`), at no cost in time.
+            let layer = async {
+                match policy.layer_bytes() {
+                    0 => Ok(()),
+                    size => self.storage.create_layer(&dir, size, info.uid).await,
+                }
+            };
+            tokio::try_join!(self.storage.create(&dir, policy.workspace_bytes(), info.uid), layer).map(|_| ())
         }
         .await;
         if let Err(e) = made {
@@ -151,7 +159,8 @@ mod tests {
         );
         assert!(m.uid_range().contains(&info.uid), "{}", info.uid);
         let dir = dir(state.path(), KEY_A);
-        assert_eq!(storage.mounted(), BTreeSet::from([dir.join("data")]));
+        // The workspace and, its policy allowing packages, the package layer.
+        assert_eq!(storage.mounted(), BTreeSet::from([dir.join("data"), dir.join("packages")]));
         let stored: SessionInfo = serde_json::from_slice(&std::fs::read(dir.join("session.json")).unwrap()).unwrap();
         assert_eq!((stored.id.as_str(), stored.uid, stored.owner.as_deref()), ("a", info.uid, Some(OWNER)));
         // Its token finds it by id, the operator by key, another token not at all.

@@ -52,6 +52,17 @@ impl Lease {
     pub fn take_kernel_lost(&self) -> bool {
         self.manager.take_kernel_lost(&self.id)
     }
+
+    /// The session's package layer (made now if its policy allows packages and it
+    /// has none yet); `None` when the policy allows none.
+    pub async fn package_layer(&self) -> Result<Option<PathBuf>, super::Error> {
+        self.manager.package_layer(&self.id, self.uid, &self.policy).await
+    }
+
+    /// The session's secrets as the egress proxy serves them, kept up to date.
+    pub fn secrets(&self) -> std::sync::Arc<crate::egress::secrets::Live> {
+        self.manager.secrets_for(&self.id)
+    }
 }
 
 impl Drop for Lease {

@@ -37,6 +37,7 @@ mod key;
 mod lease;
 mod quota;
 mod recover;
+pub mod secrets;
 mod teardown;
 #[cfg(test)]
 mod testing;
@@ -71,11 +72,25 @@ pub enum Error {
     TokenMaxRuns(usize),
     /// The state directory's filesystem cannot hold every session's workspace
     /// filled up, this new one included.
-    #[error("the state directory's filesystem has {free_mb} MiB free, but the sessions held could grow by {held_mb} MiB and this one needs {wanted_mb} MiB (policy {policy:?}): close sessions you no longer need, free disk space, or use a policy with a smaller workspace_mb")]
+    #[error("the state directory's filesystem has {free_mb} MiB free, but the sessions held could grow by {held_mb} MiB and this one needs {wanted_mb} MiB (its workspace, package layer and run records; policy {policy:?}): close sessions you no longer need, free disk space, or use a policy with a smaller workspace_mb or packages_mb")]
     InsufficientStorage { free_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
     /// The session's workspace could not be made (a host failure, not the caller's).
     #[error("creating the session workspace: {0}")]
     Workspace(std::io::Error),
+    /// A secret the session cannot take; the text says why.
+    #[error("{0}")]
+    InvalidSecret(String),
+    #[error(
+        "session {session:?} has no secret {name:?} of its own: list them with GET /v1/sessions/{session}/secrets"
+    )]
+    SecretNotFound { session: String, name: String },
+    /// The state directory's filesystem could not hold a new package layer full,
+    /// with every session's images full too.
+    #[error("the state directory's filesystem has {free_mb} MiB free, the sessions' workspaces and package layers may take {held_mb} MiB of it, and this session's package layer may hold {wanted_mb} MiB (policy {policy:?}'s packages_mb): free disk space, close sessions, or use a policy with a smaller packages_mb")]
+    LayerNoRoom { free_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
+    /// The session's package layer could not be made (a host failure).
+    #[error("making the session's package layer: {0}")]
+    Layer(std::io::Error),
 }
 
 /// Where a session is in its life. Only a `Ready` session is reachable by any
@@ -115,6 +130,8 @@ struct Live {
     /// A kernel session taken back after a restart, whose kernel (and variables)
     /// went with the earlier daemon: its next cell says `kernel_restarted`.
     kernel_lost: bool,
+    /// Its secrets' placeholders, and its own secrets (memory only).
+    secrets: secrets::Held,
 }
 
 impl Live {
@@ -131,6 +148,7 @@ impl Live {
             cut: CancellationToken::new(),
             torn_down: false,
             kernel_lost: false,
+            secrets: secrets::Held::default(),
         }
     }
 }
@@ -155,6 +173,10 @@ pub struct Manager {
     teardown_deadline: Duration,
     /// Where workspaces are made and mounted ([`storage::LoopImages`] but in tests).
     storage: Arc<dyn Storage>,
+    /// Every policy's secrets, their values read at start ([`secrets::resolve`]).
+    policy_secrets: secrets::PolicySecrets,
+    /// Held while a package layer is made ([`Manager::package_layer`]).
+    making_layer: tokio::sync::Mutex<()>,
 }
 
 /// In a session's directory: the session has had a kernel (so a restart lost one).
@@ -198,7 +220,15 @@ impl Manager {
             epochs: AtomicU64::new(1),
             teardown_deadline: TEARDOWN_DEADLINE,
             storage: Arc::new(storage::LoopImages),
+            policy_secrets: secrets::PolicySecrets::new(),
+            making_layer: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Give sessions their policies' secrets (read at start: [`secrets::resolve`]).
+    pub fn with_secrets(mut self, secrets: secrets::PolicySecrets) -> Manager {
+        self.policy_secrets = secrets;
+        self
     }
 
     /// Keep workspaces in `storage` instead of loop-mounted images (unit tests:
@@ -242,6 +272,44 @@ impl Manager {
     /// The workspace of the session with this key.
     pub fn workspace(&self, key: &str) -> PathBuf {
         self.session_dir(key).join("data")
+    }
+
+    /// The package layer of the session with this key, made now if its policy
+    /// allows packages and it has none yet; `None` when the policy allows none.
+    /// Called under the session's [`Lease`]: one run or install at a time makes it.
+    /// Made at the session's first run (any run may write into it: `pip install`
+    /// in its code), and from then on counted as the workspace is, full: one is
+    /// made only while the state directory's filesystem could hold it full with
+    /// every session's images full too ([`Manager::held_storage`]), else
+    /// [`Error::LayerNoRoom`] (a run goes on without one; an install is refused).
+    pub async fn package_layer(&self, key: &str, uid: u32, policy: &Policy) -> Result<Option<PathBuf>, Error> {
+        if !policy.packages_enabled() {
+            return Ok(None);
+        }
+        let dir = self.session_dir(key);
+        if !self.storage.has_layer(&dir) {
+            // One at a time: each counts the ones made before it.
+            let _one = self.making_layer.lock().await;
+            if self.storage.has_layer(&dir) {
+                return Ok(Some(dir.join(storage::LAYER)));
+            }
+            let size = policy.packages_mb * 1024 * 1024;
+            if let Some(free) = self.storage.free(&self.dir) {
+                let held = self.held_storage(&self.lock());
+                if held.saturating_add(size) > free {
+                    const MIB: u64 = 1024 * 1024;
+                    return Err(Error::LayerNoRoom {
+                        free_mb: free / MIB,
+                        held_mb: held.div_ceil(MIB),
+                        wanted_mb: policy.packages_mb,
+                        policy: policy.name.clone(),
+                    });
+                }
+            }
+            self.storage.create_layer(&dir, size, uid).await.map_err(Error::Layer)?;
+            tracing::info!(session_id = %key, size_mb = policy.packages_mb, "the session's package layer was made");
+        }
+        Ok(Some(dir.join(storage::LAYER)))
     }
 
     /// The run records of the session with this key (they go with its directory).

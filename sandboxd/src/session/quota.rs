@@ -50,21 +50,9 @@ impl Manager {
     pub(super) fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
         // A filesystem that cannot say (or a failure to ask) refuses nothing.
         let Some(free) = self.storage.free(&self.dir) else { return Ok(()) };
-        let per_session = crate::records::RESERVE;
-        let held: u64 = map
-            .iter()
-            .filter(|(_, l)| l.phase != Phase::Closing)
-            .map(|(key, l)| {
-                // The image's own size (its policy may have changed since it was
-                // made), less what it already takes; one not made yet, its policy's.
-                let room = self
-                    .storage
-                    .room(&self.session_dir(key))
-                    .unwrap_or_else(|| self.policies.get(&l.info.policy).map(|p| p.workspace_bytes()).unwrap_or(0));
-                room.saturating_add(per_session)
-            })
-            .sum();
-        let wanted = policy.workspace_bytes().saturating_add(per_session);
+        let held = self.held_storage(map);
+        let wanted =
+            policy.workspace_bytes().saturating_add(policy.layer_bytes()).saturating_add(crate::records::RESERVE);
         if held.saturating_add(wanted) > free {
             const MIB: u64 = 1024 * 1024;
             return Err(Error::InsufficientStorage {
@@ -75,6 +63,24 @@ impl Manager {
             });
         }
         Ok(())
+    }
+
+    /// Bytes of the state directory's filesystem the sessions may still take:
+    /// each session's images (workspace, package layer) up to their sizes, and
+    /// its run records' room.
+    pub(super) fn held_storage(&self, map: &HashMap<String, Live>) -> u64 {
+        map.iter()
+            .filter(|(_, l)| l.phase != Phase::Closing)
+            .map(|(key, l)| {
+                // The images' own sizes (the policy may have changed since they
+                // were made), less what they already take; a session not made
+                // yet, its policy's sizes.
+                let room = self.storage.room(&self.session_dir(key)).unwrap_or_else(|| {
+                    self.policies.get(&l.info.policy).map(|p| p.workspace_bytes() + p.layer_bytes()).unwrap_or(0)
+                });
+                room.saturating_add(crate::records::RESERVE)
+            })
+            .sum()
     }
 
     /// A token's runs going at once must stay below its quota.
@@ -176,8 +182,9 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let storage = Arc::new(Dirs::default());
         let m = Arc::new(manager(state.path(), &storage, 8));
-        // Room for two sessions' workspaces (1 MiB each) and run records.
-        let wanted = MIB + crate::records::RESERVE;
+        // Room for two sessions' workspaces and package layers (1 MiB each) and
+        // run records.
+        let wanted = 2 * MIB + crate::records::RESERVE;
         storage.free.store(2 * wanted, Ordering::Relaxed);
         m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
         m.create(Some("b".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();

@@ -17,7 +17,7 @@ pub const KEY_A: &str = "0123456789abcdef.a";
 /// A manager over `storage` in `state` for `max_sessions` sessions, with one
 /// policy (`default`, a 1 MiB workspace) and a 60 s default TTL.
 pub fn manager(state: &Path, storage: &Arc<Dirs>, max_sessions: usize) -> Manager {
-    let policy = Policy { name: "default".into(), workspace_mb: 1, ..Policy::default() };
+    let policy = Policy { name: "default".into(), workspace_mb: 1, packages_mb: 1, ..Policy::default() };
     let policies = BTreeMap::from([("default".to_string(), policy)]);
     Manager::new(state, policies, max_sessions, 60, 600_000).unwrap().with_storage(storage.clone())
 }

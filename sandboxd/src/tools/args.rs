@@ -74,3 +74,12 @@ pub struct ReadFile {
     /// Relative path in the workspace.
     pub path: String,
 }
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InstallPackages {
+    /// Install into this session (its later runs import them); omit to start a new session.
+    pub session_id: Option<String>,
+    /// Requirements: a package name, optional [extras] and version specifiers, e.g. ["requests==2.32.3", "tabulate"].
+    pub packages: Vec<String>,
+}

@@ -1,7 +1,7 @@
 //! What each tool does: its arguments parsed, the service's operations called
 //! as the caller, and what came back rendered for a model.
 
-use super::args::{NewSession, NoArgs, ReadFile, RunPython, RunShell, SessionRef, UploadFile};
+use super::args::{InstallPackages, NewSession, NoArgs, ReadFile, RunPython, RunShell, SessionRef, UploadFile};
 use super::failure::{session_arg, ToolError};
 use super::fit::{self, escaped_len, MAX_RUN_TEXT, MAX_TEXT};
 use super::images::{base64_len, fit_image_off_runtime, image_budget, images, MAX_IMAGE_BYTES, MAX_SOURCE_IMAGE_BYTES};
@@ -85,6 +85,38 @@ pub(super) async fn close_session(r: &Registry, caller: &Caller, args: Value) ->
         Ok(ToolOutput::text(format!("session {} closed", a.session_id)))
     };
     done(closed.await)
+}
+
+pub(super) async fn install_packages(r: &Registry, caller: &Caller, args: Value) -> ToolOutput {
+    let a = match parse::<InstallPackages>(args) {
+        Ok(a) => a,
+        Err(out) => return out,
+    };
+    let installed = async {
+        let req = crate::model::packages::InstallRequest { packages: a.packages };
+        let (sid, made) = match a.session_id {
+            Some(id) => (session_arg(&id)?.to_string(), None),
+            None => {
+                // Checked first: a refused install makes no session.
+                let check = |p: &Policy| crate::packages::check(p, &req.packages).map_err(service::Error::from);
+                let info = new_session(r, caller, check).await?;
+                (info.id.clone(), Some(info))
+            }
+        };
+        match r.ops.install_packages(caller, &sid, req).await {
+            Ok(result) => {
+                let note = made.as_ref().map(made_note).unwrap_or_default();
+                Ok(ToolOutput::text(format!("{note}{}", super::render::describe_install(&result))))
+            }
+            Err(e) => {
+                if let Some(m) = &made {
+                    discard(r, caller, m).await;
+                }
+                Err(e.into())
+            }
+        }
+    };
+    done(installed.await)
 }
 
 pub(super) async fn upload_file(r: &Registry, caller: &Caller, args: Value) -> ToolOutput {

@@ -56,6 +56,9 @@ pub fn next_step(code: Code) -> &'static str {
         FileExists => " Next: pass overwrite=true to replace it.",
         InvalidPath => " Next: use a relative path such as data/input.csv.",
         InvalidSessionId => " Next: pass a session_id exactly as create_session or a run returned it.",
+        PackageInstallFailed => {
+            " Next: read the installer's message above, fix the package names or version pins, and install again (a wheel must exist for the package)."
+        }
         InvalidRequest | PolicyNotFound | Unauthorized | Forbidden | RunNotFound | NotFound | MethodNotAllowed
         | FileBusy | SessionExists | CodeTooLarge | UploadTooLarge | ArtifactTooLarge | UnsupportedMediaType
         | RequestTimeout | MaxSessions | MaxRuns | MaxListings | MaxConnections | InsufficientStorage | Unavailable

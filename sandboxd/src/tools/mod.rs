@@ -185,6 +185,14 @@ const TOOLS: &[Def] = &[
         call: |r, c, a, _| Box::pin(calls::close_session(r, c, a)),
     },
     Def {
+        name: "install_packages",
+        title: "Install packages",
+        hints: Hints { read_only: false, destructive: false, idempotent: true, open_world: true },
+        describe: render::install_packages,
+        schema: schema::<args::InstallPackages>,
+        call: |r, c, a, _| Box::pin(calls::install_packages(r, c, a)),
+    },
+    Def {
         name: "upload_file",
         title: "Upload file",
         hints: hints(false, true, true),

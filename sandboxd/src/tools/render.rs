@@ -6,6 +6,20 @@ use crate::model::policy::PolicyLimits;
 use crate::model::run::{ArtifactKind, RunResult, Status};
 use crate::model::session::SessionInfo;
 
+/// What a sandbox of `default` (the daemon's default policy) may reach, said for a model.
+fn network(default: Option<&PolicyLimits>) -> String {
+    use crate::model::policy::Network;
+    match default {
+        Some(p) if p.network == Network::Allowlist && p.packages_mb > 0 => format!(
+            "Network: only {} (through a proxy); install missing packages with install_packages (or pip install in the code) before importing them",
+            p.allow_hosts.join(", ")
+        ),
+        Some(p) if p.network == Network::Allowlist => format!("Network: only {} (through a proxy)", p.allow_hosts.join(", ")),
+        Some(_) => "No network".to_string(),
+        None => "Network: as the session's policy allows".to_string(),
+    }
+}
+
 /// The limits of a run under `default` (the daemon's default policy), when known.
 fn run_limits(default: Option<&PolicyLimits>) -> String {
     match default {
@@ -18,11 +32,41 @@ fn run_limits(default: Option<&PolicyLimits>) -> String {
 }
 
 pub(super) fn run_python(default: Option<&PolicyLimits>) -> String {
-    format!("Run Python 3.11 code in a fresh, isolated Linux sandbox (no network) and return its status, exit code, stdout, stderr and the files it created or changed. The working directory is the session's workspace: files persist between runs of the same session (pass session_id; omit it to start a new session, whose id is returned). numpy, pandas, scipy, scikit-learn, matplotlib, seaborn, pillow, openpyxl, pyarrow and reportlab are installed. Open matplotlib figures are saved automatically and returned as images; plt.show() saves instead of blocking. {}", run_limits(default))
+    format!("Run Python 3.11 code in a fresh, isolated Linux sandbox and return its status, exit code, stdout, stderr and the files it created or changed. The working directory is the session's workspace: files persist between runs of the same session (pass session_id; omit it to start a new session, whose id is returned). numpy, pandas, scipy, scikit-learn, matplotlib, seaborn, pillow, openpyxl, pyarrow and reportlab are installed. {}. Open matplotlib figures are saved automatically and returned as images; plt.show() saves instead of blocking. {}", network(default), run_limits(default))
 }
 
 pub(super) fn run_shell(default: Option<&PolicyLimits>) -> String {
-    format!("Run a bash command in the same kind of isolated sandbox as run_python (no network), in the session's workspace, and return status, exit code, stdout, stderr and changed files. Useful for ls, head, wc, or running a script written by run_python. {}", run_limits(default))
+    format!("Run a bash command in the same kind of isolated sandbox as run_python, in the session's workspace, and return status, exit code, stdout, stderr and changed files. Useful for ls, head, wc, or running a script written by run_python. {}. {}", network(default), run_limits(default))
+}
+
+pub(super) fn install_packages(default: Option<&PolicyLimits>) -> String {
+    let room = match default {
+        Some(p) if p.packages_mb > 0 => format!(" A session holds up to {} MiB of packages.", p.packages_mb),
+        Some(_) => " The default policy installs no packages: use a session of a policy that does.".to_string(),
+        None => String::new(),
+    };
+    format!("Install Python packages (wheels from the package index) into a session, so that its later run_python calls can import them; other sessions do not see them. Give requirements such as \"requests\" or \"tabulate==0.9.0\"; their dependencies come too, and packages already installed (numpy, pandas, ...) are kept as they are. Omit session_id to start a new session, whose id is returned.{room}")
+}
+
+/// What an install did, for a model.
+pub(super) fn describe_install(r: &crate::model::packages::InstallResult) -> String {
+    let mut text = String::new();
+    if r.installed.is_empty() {
+        text.push_str("nothing to install: already there\n");
+    } else {
+        let names: Vec<String> = r.installed.iter().map(|p| format!("{}=={}", p.name, p.version)).collect();
+        text.push_str(&format!("installed: {}\n", names.join(", ")));
+    }
+    if !r.unchanged.is_empty() {
+        text.push_str(&format!("already there: {}\n", r.unchanged.join(", ")));
+    }
+    text.push_str(&format!(
+        "session_id: {}\nthe session's packages take {} MiB of {} MiB; import them in run_python calls with this session_id\n",
+        r.session_id,
+        r.layer_bytes / (1024 * 1024),
+        r.layer_limit_bytes / (1024 * 1024)
+    ));
+    text
 }
 
 pub(super) fn create_session(_: Option<&PolicyLimits>) -> String {

@@ -33,6 +33,7 @@ fn every_tool_is_listed_once_with_a_plain_object_schema() {
             "create_session",
             "list_sessions",
             "close_session",
+            "install_packages",
             "upload_file",
             "list_files",
             "read_file"

@@ -8,6 +8,7 @@ fn child() -> ChildSpec {
     ChildSpec {
         rlimits: Rlimits { file_size_bytes: 3, open_files: 4 },
         seccomp: crate::isolate::seccomp::Program::allow_all(),
+        egress_port: None,
     }
 }
 
@@ -34,7 +35,8 @@ fn slot_messages_keep_their_wire_form() {
 #[test]
 fn helper_messages_keep_their_wire_form() {
     exact(r#"{"event":"helper_started","pid":3}"#, Event::HelperStarted { pid: 3 });
-    exact(r#"{"event":"started","init_pid":4}"#, Event::Started { init_pid: 4 });
+    exact(r#"{"event":"started","init_pid":4}"#, Event::Started { init_pid: 4, listener: false });
+    exact(r#"{"event":"started","init_pid":4,"listener":true}"#, Event::Started { init_pid: 4, listener: true });
     exact(r#"{"event":"attached"}"#, Event::Attached);
     exact(r#"{"event":"warning","message":"w"}"#, Event::Warning { message: "w".into() });
     exact(r#"{"event":"ended","exit":{"exited":-1}}"#, Event::Ended { exit: Exit::Exited(-1) });
@@ -44,13 +46,18 @@ fn helper_messages_keep_their_wire_form() {
         r#"{"event":"setup_failed","step":"mounts","error":"x"}"#,
         Event::SetupFailed { step: "mounts".into(), error: "x".into() },
     );
-    exact(r#"{"event":"furnished"}"#, Event::Furnished);
+    exact(r#"{"event":"furnished"}"#, Event::Furnished { listener: false });
+    exact(r#"{"event":"furnished","listener":true}"#, Event::Furnished { listener: true });
+    // Only these two carry the egress listener, and only when they say so.
+    assert!(Event::Started { init_pid: 1, listener: true }.carries_listener());
+    assert!(Event::Furnished { listener: true }.carries_listener());
+    assert!(!Event::Furnished { listener: false }.carries_listener() && !Event::Attached.carries_listener());
     // Each event's name is its tag.
     for e in [
         Event::HelperStarted { pid: 1 },
-        Event::Started { init_pid: 1 },
+        Event::Started { init_pid: 1, listener: true },
         Event::Attached,
-        Event::Furnished,
+        Event::Furnished { listener: true },
         Event::Warning { message: "w".into() },
         Event::Ended { exit: Exit::KILLED },
         Event::InitKilled { signal: 9 },
@@ -61,7 +68,23 @@ fn helper_messages_keep_their_wire_form() {
     }
     exact(
         r#"{"op":"attach","pid":12,"workspace":"/w","owner_uid":5,"owner_gid":6}"#,
-        HelperRequest::Attach(Attach { pid: Some(12), workspace: "/w".into(), owner_uid: 5, owner_gid: 6 }),
+        HelperRequest::Attach(Attach {
+            pid: Some(12),
+            workspace: "/w".into(),
+            packages: None,
+            owner_uid: 5,
+            owner_gid: 6,
+        }),
+    );
+    exact(
+        r#"{"op":"attach","pid":12,"workspace":"/w","packages":"/p","owner_uid":5,"owner_gid":6}"#,
+        HelperRequest::Attach(Attach {
+            pid: Some(12),
+            workspace: "/w".into(),
+            packages: Some("/p".into()),
+            owner_uid: 5,
+            owner_gid: 6,
+        }),
     );
     exact(r#"{"op":"furnish","pid":12}"#, HelperRequest::Furnish { pid: 12 });
     // A pid may be left out: the sandbox's own mount namespace.
@@ -193,8 +216,16 @@ fn a_pooled_runs_messages_are_what_the_runner_sends_and_reads() {
     exact(r#"{"furnished":true}"#, ForkReply::Furnished(true));
     assert_eq!(parse::<RunClaim>(br#"{"exit_code": 255}"#).unwrap(), RunClaim::ExitCode(255));
     exact(r#"{"exit_code":0}"#, RunClaim::ExitCode(0));
-    let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true };
-    assert_eq!(encode(&code).unwrap(), b"{\"code\":\"print(1)\\n\",\"run_id\":\"r1\",\"autosave\":true}\n");
+    // ... and applies msg["env"] to its environment.
+    let mut env = std::collections::BTreeMap::new();
+    let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true, env: &env };
+    assert_eq!(encode(&code).unwrap(), b"{\"code\":\"print(1)\\n\",\"run_id\":\"r1\",\"autosave\":true,\"env\":{}}\n");
+    env.insert("API_KEY".to_string(), "sandboxd-placeholder-1".to_string());
+    let code = RunCode { code: "", run_id: "r1", autosave: false, env: &env };
+    assert_eq!(
+        encode(&code).unwrap(),
+        b"{\"code\":\"\",\"run_id\":\"r1\",\"autosave\":false,\"env\":{\"API_KEY\":\"sandboxd-placeholder-1\"}}\n"
+    );
     exact(r#"{"ended":{"exited":-1}}"#, Report::Ended(Exit::Exited(-1)));
     exact(r#"{"ended":{"signaled":9}}"#, Report::Ended(Exit::Signaled(9)));
     for bad in [&br#"{"exit_code":0}"#[..], br#"{"signal":9}"#, br#"{"ended":{"exited":0},"failed":{}}"#] {
@@ -229,10 +260,11 @@ fn kernel_messages_are_what_kernel_py_sends_and_reads() {
         .unwrap(),
         KernelMessage::Chunk { nonce: "n".into(), stream: Stream::Stdout, text: "é".into() }
     );
-    let cell = KernelCell { code: "1", run_id: "r", autosave: false, output_limit: 10, nonce: "n" };
+    let env = std::collections::BTreeMap::from([("K".to_string(), "v".to_string())]);
+    let cell = KernelCell { code: "1", run_id: "r", autosave: false, output_limit: 10, nonce: "n", env: &env };
     assert_eq!(
         encode(&cell).unwrap(),
-        b"{\"code\":\"1\",\"run_id\":\"r\",\"autosave\":false,\"output_limit\":10,\"nonce\":\"n\"}\n"
+        b"{\"code\":\"1\",\"run_id\":\"r\",\"autosave\":false,\"output_limit\":10,\"nonce\":\"n\",\"env\":{\"K\":\"v\"}}\n"
     );
     assert_eq!(kernel_source("abc"), b"0000000003abc");
     assert!(parse::<KernelMessage>(br#"{"kind":"nope"}"#).unwrap_err().is_violation());

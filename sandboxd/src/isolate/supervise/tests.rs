@@ -10,12 +10,13 @@ type Sent = Arc<Mutex<Vec<(i32, Signal)>>>;
 fn launched() -> (Launched, std::os::unix::net::UnixStream) {
     let (ours, theirs) = socket_pair().unwrap();
     let launched = Launched {
-        control: Some(Channel::new(ours, HELPER_LINE)),
+        control: Some(Channel::new(FdStream::new(ours), HELPER_LINE)),
         stdout: None,
         stderr: None,
         helper_pid: None,
         init_pid: None,
         warnings: vec![],
+        listener: None,
     };
     (launched, theirs)
 }
@@ -55,7 +56,7 @@ async fn a_program_that_ends_in_time_is_reported_as_it_ended_and_nothing_is_sign
         &mut helper,
         &[
             Event::HelperStarted { pid: 222 },
-            Event::Started { init_pid: 111 },
+            Event::Started { init_pid: 111, listener: false },
             Event::Warning { message: "careful".into() },
             Event::Ended { exit: Exit::Exited(3) },
         ],
@@ -69,7 +70,7 @@ async fn a_program_that_ends_in_time_is_reported_as_it_ended_and_nothing_is_sign
     assert!(sent.lock().unwrap().is_empty());
     // An init killed before it said how the program ended: that signal.
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::Started { init_pid: 111 }, Event::InitKilled { signal: 11 }]);
+    say(&mut helper, &[Event::Started { init_pid: 111, listener: false }, Event::InitKilled { signal: 11 }]);
     let ended = run(&mut sandbox, bounds(60_000, 1000), recorder().0).await.unwrap();
     assert_eq!(ended.exit, Exit::Signaled(11));
 }
@@ -77,7 +78,7 @@ async fn a_program_that_ends_in_time_is_reported_as_it_ended_and_nothing_is_sign
 #[tokio::test]
 async fn at_its_limit_a_run_is_asked_to_stop_then_killed_and_timed_out() {
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::HelperStarted { pid: 222 }, Event::Started { init_pid: 111 }]);
+    say(&mut helper, &[Event::HelperStarted { pid: 222 }, Event::Started { init_pid: 111, listener: false }]);
     // The helper reports the program's end once the init was killed.
     let (killed_tx, killed_rx) = std::sync::mpsc::channel::<()>();
     let sent: Sent = Default::default();
@@ -106,7 +107,7 @@ async fn at_its_limit_a_run_is_asked_to_stop_then_killed_and_timed_out() {
 #[tokio::test]
 async fn a_program_that_ends_within_its_grace_is_not_killed() {
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::Started { init_pid: 111 }]);
+    say(&mut helper, &[Event::Started { init_pid: 111, listener: false }]);
     let (asked_tx, asked_rx) = std::sync::mpsc::channel::<()>();
     let sent: Sent = Default::default();
     let log = sent.clone();
@@ -131,7 +132,7 @@ async fn a_program_that_ends_within_its_grace_is_not_killed() {
 async fn a_helper_that_goes_or_breaks_the_protocol_is_an_error_and_its_sandbox_is_killed() {
     // Gone without a word.
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::HelperStarted { pid: 222 }, Event::Started { init_pid: 111 }]);
+    say(&mut helper, &[Event::HelperStarted { pid: 222 }, Event::Started { init_pid: 111, listener: false }]);
     drop(helper);
     let (kill, sent) = recorder();
     let e = run(&mut sandbox, bounds(60_000, 1000), kill).await.unwrap_err();
@@ -140,7 +141,7 @@ async fn a_helper_that_goes_or_breaks_the_protocol_is_an_error_and_its_sandbox_i
 
     // A line that is no event.
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::Started { init_pid: 111 }]);
+    say(&mut helper, &[Event::Started { init_pid: 111, listener: false }]);
     std::io::Write::write_all(&mut helper, b"{\"event\":\"exited\",\"code\":0}\n").unwrap();
     let (kill, sent) = recorder();
     let e = run(&mut sandbox, bounds(60_000, 1000), kill).await.unwrap_err();
@@ -149,7 +150,7 @@ async fn a_helper_that_goes_or_breaks_the_protocol_is_an_error_and_its_sandbox_i
 
     // An event out of place.
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::Started { init_pid: 111 }, Event::Attached]);
+    say(&mut helper, &[Event::Started { init_pid: 111, listener: false }, Event::Attached]);
     let e = run(&mut sandbox, bounds(60_000, 1000), recorder().0).await.unwrap_err();
     assert_eq!(e.to_string(), "the sandbox helper said \"attached\" where it was to say how the program ended");
 
@@ -161,7 +162,7 @@ async fn a_helper_that_goes_or_breaks_the_protocol_is_an_error_and_its_sandbox_i
 
     // Gone after the daemon killed it: killed, not an error.
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::Started { init_pid: 111 }]);
+    say(&mut helper, &[Event::Started { init_pid: 111, listener: false }]);
     let closer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
         drop(helper);
@@ -174,8 +175,15 @@ async fn a_helper_that_goes_or_breaks_the_protocol_is_an_error_and_its_sandbox_i
 
 #[tokio::test]
 async fn a_pooled_run_that_reports_its_own_end_has_the_rest_killed() {
-    let mut run_ =
-        Launched { control: None, stdout: None, stderr: None, helper_pid: None, init_pid: Some(111), warnings: vec![] };
+    let mut run_ = Launched {
+        control: None,
+        stdout: None,
+        stderr: None,
+        helper_pid: None,
+        init_pid: Some(111),
+        warnings: vec![],
+        listener: None,
+    };
     let (kill, sent) = recorder();
     let (_tx, mut cancel) = watch::channel(false);
     let done: Done<'_> = Box::pin(async { Some(Exit::Exited(0)) });
@@ -193,7 +201,7 @@ async fn a_pooled_run_that_reports_its_own_end_has_the_rest_killed() {
 #[tokio::test]
 async fn a_cancel_kills_the_run_and_says_so() {
     let (mut sandbox, mut helper) = launched();
-    say(&mut helper, &[Event::Started { init_pid: 111 }]);
+    say(&mut helper, &[Event::Started { init_pid: 111, listener: false }]);
     let (kill, sent) = recorder();
     let (cancel_tx, mut cancel) = watch::channel(false);
     let closer = std::thread::spawn(move || {
@@ -220,12 +228,13 @@ async fn a_cancel_before_the_init_is_known_still_kills_it() {
     let init = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     let pid = init.id() as i32;
     let mut sandbox = Launched {
-        control: Some(Channel::new(ours, HELPER_LINE)),
+        control: Some(Channel::new(FdStream::new(ours), HELPER_LINE)),
         stdout: None,
         stderr: None,
         helper_pid: None,
         init_pid: None,
         warnings: vec![],
+        listener: None,
     };
     let (cancel_tx, mut cancel) = watch::channel(false);
     cancel_tx.send(true).unwrap();
@@ -234,7 +243,7 @@ async fn a_cancel_before_the_init_is_known_still_kills_it() {
     let helper = tokio::spawn(async move {
         theirs.set_nonblocking(true).unwrap();
         let mut control = Channel::new(tokio::net::UnixStream::from_std(theirs).unwrap(), HELPER_LINE);
-        control.send(&Event::Started { init_pid: pid }).await.unwrap();
+        control.send(&Event::Started { init_pid: pid, listener: false }).await.unwrap();
         let dead = || {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
@@ -255,4 +264,51 @@ async fn a_cancel_before_the_init_is_known_still_kills_it() {
     assert!(ended.cancelled);
     let status = { init }.wait().unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{status:?}");
+}
+
+/// A cold sandbox with network: its listener, sent with the helper's `started`,
+/// goes to whoever launched it with the init's pid.
+#[tokio::test]
+async fn the_egress_listener_comes_with_the_start() {
+    use std::os::fd::AsRawFd;
+    let (mut sandbox, helper) = launched();
+    let (r, w) = super::super::process::pipe().unwrap();
+    let line = channel::encode(&Event::Started { init_pid: 111, listener: true }).unwrap();
+    nix::sys::socket::sendmsg::<()>(
+        helper.as_raw_fd(),
+        &[std::io::IoSlice::new(&line)],
+        &[nix::sys::socket::ControlMessage::ScmRights(&[w.as_raw_fd()])],
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+    drop(w);
+    let mut helper = helper;
+    say(&mut helper, &[Event::Ended { exit: Exit::Exited(0) }]);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (_cancel_tx, mut cancel) = watch::channel(false);
+    let (kill, _) = recorder();
+    let ended = drive(&mut sandbox, &bounds(60_000, 0), None, &mut cancel, Instant::now(), Some(tx), None, kill).await;
+    assert_eq!(ended.unwrap().exit, Exit::Exited(0));
+    let started = rx.await.unwrap();
+    assert_eq!(started.init_pid, 111);
+    // The very fd the helper sent: the pipe's write end.
+    use std::io::{Read, Write};
+    std::fs::File::from(started.listener.unwrap()).write_all(b"x").unwrap();
+    let mut byte = [0u8; 1];
+    std::fs::File::from(r).read_exact(&mut byte).unwrap();
+    assert_eq!(&byte, b"x");
+}
+
+/// A `started` that says a listener came with it, without one, is a failed set-up.
+#[tokio::test]
+async fn a_listener_line_without_its_fd_is_a_failed_setup() {
+    let (mut sandbox, mut helper) = launched();
+    say(&mut helper, &[Event::Started { init_pid: 111, listener: true }]);
+    let (kill, _) = recorder();
+    let e = run(&mut sandbox, bounds(60_000, 0), kill).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "setting up the sandbox failed at egress: the helper said it sent the egress listener, and none came"
+    );
 }

@@ -1,0 +1,197 @@
+"""Packages at run time, from the real package index (CI machines reach PyPI and
+files.pythonhosted.org; the default policy allows those two hosts only): installed
+into the session's package layer, importable by every later run of the session
+(script, pooled, kernel), never by another session; `pip install` from the code;
+the daemon's package cache serving a second install; and the installs that must
+fail, failing with the installer's own words and leaving the layer as it was.
+
+The wheels are small pure-Python ones, pinned: tabulate, six, idna.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import error_code, new_session
+from harness import CTL
+
+TABULATE = "tabulate==0.9.0"
+SIX = "six==1.16.0"
+
+
+def install(client, sid, packages, expect=200):
+    r = client.post(f"/v1/sessions/{sid}/packages", json={"packages": packages}, timeout=300)
+    assert r.status_code == expect, r.text
+    return r.json()
+
+
+def run(client, sid, code):
+    r = client.post(f"/v1/sessions/{sid}/runs", json={"code": code}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def metric(daemon, name):
+    with daemon.http() as c:
+        text = c.get("/metrics").text
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name))
+
+
+def test_an_installed_wheel_is_imported_by_later_script_and_pooled_runs_and_no_other_session(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        before = run(c, sid, "import tabulate")
+        assert before["status"] == "error" and "ModuleNotFoundError: No module named 'tabulate'" in before["stderr"]
+        result = install(c, sid, [TABULATE])
+        assert result["installed"] == [{"name": "tabulate", "version": "0.9.0"}]
+        assert result["session_id"] == sid and 0 < result["layer_bytes"] < result["layer_limit_bytes"]
+        assert result["net"]["hosts"] and result["net"]["refused"] == []
+        # A cold run (shell) and pooled Python runs alike.
+        daemon.wait_pool_ready()
+        hits = metric(daemon, "sandboxd_pool_hits_total")
+        py = run(c, sid, "import tabulate, sys\nprint(tabulate.__version__)\nprint(tabulate.__file__)")
+        assert py["status"] == "ok" and py["stdout"].splitlines()[0] == "0.9.0", py
+        assert py["stdout"].splitlines()[1].startswith("/opt/packages/current/lib/python3.11/site-packages/")
+        assert metric(daemon, "sandboxd_pool_hits_total") == hits + 1, "the run was not pooled"
+        sh = c.post(f"/v1/sessions/{sid}/runs", json={"code": "python -c 'import tabulate; print(tabulate.__version__)'",
+                                                      "language": "shell"}).json()
+        assert sh["stdout"] == "0.9.0\n", sh
+        # Not in the workspace: neither listed nor an artifact.
+        assert all("tabulate" not in f["path"] for f in c.get(f"/v1/sessions/{sid}/files").json())
+        assert result["installed"] and py["artifacts"] == []
+        # Another session never sees it.
+        other = new_session(c)
+        miss = run(c, other, "import tabulate")
+        assert "ModuleNotFoundError: No module named 'tabulate'" in miss["stderr"]
+        # Installed again: nothing to do.
+        again = install(c, sid, [TABULATE])
+        assert again["installed"] == [] and again["unchanged"] == [TABULATE.split("==")[0]] or again["unchanged"] == [TABULATE]
+
+
+def test_a_kernel_sees_packages_installed_after_it_started_without_restarting(daemon, kernel):
+    sid = kernel()
+    with daemon.http() as c:
+        first = run(c, sid, "x = 41\ntry:\n    import six\nexcept ImportError as e:\n    print(e)")
+        assert first["stdout"] == "No module named 'six'\n", first
+        install(c, sid, [SIX])
+        second = run(c, sid, "import six\nprint(six.__version__)\nx + 1")
+        assert second["status"] == "ok" and second["stdout"] == "1.16.0\n", second
+        assert second["result"]["text/plain"] == "42" and not second["kernel_restarted"]
+
+
+def test_pip_install_from_the_code_goes_into_the_layer(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        r = run(c, sid, "import subprocess, sys\n"
+                        "p = subprocess.run([sys.executable, '-m', 'pip', 'install', 'idna==3.10'], capture_output=True, text=True)\n"
+                        "print(p.returncode)\nprint(p.stdout[-400:])\nprint(p.stderr[-2000:], file=sys.stderr)\n"
+                        "import idna\nprint(idna.__file__)")
+        assert r["status"] == "ok", r
+        assert r["stdout"].splitlines()[0] == "0" and "Successfully installed idna-3.10" in r["stdout"], r
+        assert r["stdout"].strip().splitlines()[-1].startswith("/opt/packages/current/lib/python3.11/site-packages/idna/")
+        # A plain `pip install` of what the rootfs has is satisfied, and touches nothing.
+        sh = c.post(f"/v1/sessions/{sid}/runs", json={"code": "pip install seaborn 2>&1 | grep -i seaborn", "language": "shell"}).json()
+        assert "Requirement already satisfied: seaborn" in sh["stdout"], sh
+        later = run(c, sid, "import idna; print(idna.__version__)")
+        assert later["stdout"] == "3.10\n"
+
+
+def test_a_second_session_installing_the_same_wheel_downloads_nothing_of_it(fresh_daemon):
+    hit, miss = ('sandboxd_package_cache_requests_total{result="%s"}' % r for r in ("hit", "miss"))
+    daemon = fresh_daemon()
+    with daemon.http() as c:
+        # The daemon's cache is its own (tests/harness.py): the first install fetches the wheel.
+        first = install(c, new_session(c), [SIX])
+        assert metric(daemon, miss) >= 1 and first["net"]["cached_bytes"] == 0, first["net"]
+        hits, misses = metric(daemon, hit), metric(daemon, miss)
+        second = install(c, new_session(c), [SIX])
+    assert second["installed"] == [{"name": "six", "version": "1.16.0"}]
+    # six 1.16.0's wheel is 11 053 bytes: every fetch of it was answered from the
+    # cache (uv may read it more than once: its metadata, then the whole file).
+    assert metric(daemon, miss) == misses, "the second install fetched a file from the index"
+    assert metric(daemon, hit) > hits
+    assert second["net"]["cached_bytes"] >= 11053 and second["net"]["cached_bytes"] % 11053 == 0, second["net"]
+    # What still came from the index is its pages.
+    assert second["net"]["bytes_in"] - second["net"]["cached_bytes"] < first["net"]["bytes_in"]
+
+
+@pytest.mark.parametrize("packages,words", [
+    (["sandboxd-no-such-package-" + "x" * 8], "sandboxd-no-such-package-xxxxxxxx"),
+    (["tabulate==0.0.0"], "tabulate"),
+    (["numpy==1.26.4"], "numpy"),
+    (["tabulate==0.9.0", "tabulate==0.8.10"], "tabulate"),
+])
+def test_what_cannot_be_installed_is_a_structured_error_and_changes_nothing(daemon, packages, words):
+    with daemon.http() as c:
+        sid = new_session(c)
+        install(c, sid, [SIX])
+        r = install(c, sid, packages, expect=422)
+        assert error_code_of(r) == "package_install_failed"
+        message = r["error"]["message"]
+        assert message.startswith(f"installing {' '.join(packages)} failed:") and words in message, message
+        # The layer is as it was: six is there, nothing else is.
+        assert run(c, sid, "import six; print(six.__version__)")["stdout"] == "1.16.0\n"
+        assert run(c, sid, "import tabulate")["status"] == "error"
+
+
+def error_code_of(body):
+    return body.get("error", {}).get("code")
+
+
+def test_requests_that_are_not_requirements_are_refused_before_anything_runs(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        for bad in (["--index-url=https://evil.example/simple"], ["requests @ https://evil.example/r.whl"], [], ["a;b"]):
+            r = c.post(f"/v1/sessions/{sid}/packages", json={"packages": bad})
+            assert (r.status_code, error_code(r)) == (400, "invalid_request"), r.text
+        strict = new_session(c, policy="strict")
+        r = c.post(f"/v1/sessions/{strict}/packages", json={"packages": [SIX]})
+        assert (r.status_code, error_code(r)) == (400, "invalid_request")
+        assert 'policy "strict" installs no packages (network = "none")' in r.json()["error"]["message"]
+        r = c.post("/v1/runs", json={"code": "print(1)", "policy": "strict", "packages": [SIX]})
+        assert (r.status_code, error_code(r)) == (400, "invalid_request")
+
+
+def test_a_runs_packages_are_installed_before_its_code(daemon):
+    with daemon.http() as c:
+        r = c.post("/v1/runs", json={"code": "import six; print(six.__version__)", "packages": [SIX]}, timeout=300)
+        assert r.status_code == 200 and r.json()["stdout"] == "1.16.0\n", r.text
+        bad = c.post("/v1/runs", json={"code": "print(1)", "packages": ["tabulate==0.0.0"]}, timeout=300)
+        assert (bad.status_code, error_code(bad)) == (422, "package_install_failed")
+
+
+QUOTA_POLICY = """
+description = "A small package layer and a short install limit."
+packages_mb = 16
+install_timeout_s = 20
+"""
+
+
+def test_a_package_over_the_quota_or_the_time_limit_fails_and_leaves_the_layer_as_it_was(fresh_daemon):
+    d = fresh_daemon(policies={"small": QUOTA_POLICY, "quick": "install_timeout_s = 1\n"})
+    with d.http() as c:
+        sid = new_session(c, policy="small")
+        install(c, sid, [SIX])
+        # sympy unpacks to ~60 MiB: it cannot fit 16 MiB.
+        r = install(c, sid, ["sympy==1.13.3"], expect=422)
+        assert "the session's package layer is full (packages_mb = 16)" in r["error"]["message"], r
+        assert run(c, sid, "import six; print(six.__version__)")["stdout"] == "1.16.0\n"
+        assert run(c, sid, "import sympy")["status"] == "error"
+        quick = new_session(c, policy="quick")
+        r = install(c, quick, ["sympy==1.13.3"], expect=422)
+        assert "it took longer than the policy's install_timeout_s (1 s); the layer is as it was" in r["error"]["message"]
+        assert run(c, quick, "import sympy")["status"] == "error"
+
+
+def test_sandboxctl_pip_install(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+    p = subprocess.run([str(CTL), "--socket", str(daemon.socket), "pip", "install", "--session", sid, SIX],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "Successfully installed six-1.16.0\n"
+    assert "the session's package layer holds" in p.stderr
+    p = subprocess.run([str(CTL), "--socket", str(daemon.socket), "pip", "install", "--session", sid, "six==0.0.0"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "package_install_failed" in p.stderr, p.stderr
