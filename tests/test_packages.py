@@ -157,6 +157,10 @@ def test_a_runs_packages_are_installed_before_its_code(daemon):
     with daemon.http() as c:
         r = c.post("/v1/runs", json={"code": "import six; print(six.__version__)", "packages": [SIX]}, timeout=300)
         assert r.status_code == 200 and r.json()["stdout"] == "1.16.0\n", r.text
+        # The install's network use is in the run's: the index, and the file (or the cache).
+        net = r.json()["usage"]["net"]
+        assert net["hosts"][0] == "pypi.org:443" and "files.pythonhosted.org:443" in net["hosts"], net
+        assert net["connections"] >= 2 and net["bytes_in"] > 10000, net
         bad = c.post("/v1/runs", json={"code": "print(1)", "packages": ["tabulate==0.0.0"]}, timeout=300)
         assert (bad.status_code, error_code(bad)) == (422, "package_install_failed")
 

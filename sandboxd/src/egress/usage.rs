@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Hosts kept in a result.
-pub const MAX_HOSTS: usize = 64;
+pub const MAX_HOSTS: usize = NetUsage::MAX_HOSTS;
 /// Refusals kept in a result (all are counted).
-pub const MAX_REFUSALS: usize = 16;
+pub const MAX_REFUSALS: usize = NetUsage::MAX_REFUSALS;
 
 #[derive(Debug, Default)]
 pub struct Usage {

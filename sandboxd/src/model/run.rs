@@ -144,8 +144,8 @@ pub struct RunUsage {
     /// the kernel restarts. Null when the kernel does not report `pids.peak`
     /// (before Linux 6.1).
     pub pids_peak: Option<u64>,
-    /// What the run did through the egress proxy; present when its policy has
-    /// network (`allowlist`).
+    /// What the run did through the egress proxy, the install of its `packages`
+    /// included; present when its policy has network (`allowlist`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<NetUsage>,
 }
@@ -168,6 +168,35 @@ pub struct NetUsage {
     pub refused_total: u64,
 }
 
+impl NetUsage {
+    /// The most hosts a result lists.
+    pub const MAX_HOSTS: usize = 64;
+    /// The most refusals a result lists (`refused_total` counts them all).
+    pub const MAX_REFUSALS: usize = 16;
+
+    /// Count `other` (an earlier part of the same request: the install of a run's
+    /// packages) in this one: it comes first.
+    pub fn add_before(&mut self, other: &NetUsage) {
+        self.connections += other.connections;
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+        self.cached_bytes += other.cached_bytes;
+        self.refused_total += other.refused_total;
+        let mut hosts = other.hosts.clone();
+        for h in self.hosts.drain(..) {
+            if !hosts.contains(&h) {
+                hosts.push(h);
+            }
+        }
+        hosts.truncate(Self::MAX_HOSTS);
+        self.hosts = hosts;
+        let mut refused = other.refused.clone();
+        refused.append(&mut self.refused);
+        refused.truncate(Self::MAX_REFUSALS);
+        self.refused = refused;
+    }
+}
+
 /// One request the egress proxy refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NetRefusal {
@@ -175,7 +204,7 @@ pub struct NetRefusal {
     pub host: String,
     /// `host_not_allowed`, `port_not_allowed`, `address_not_allowed`,
     /// `name_not_resolved`, `connect_failed`, `secret_not_allowed`,
-    /// `too_many_connections` or `bad_request`.
+    /// `answer_refused`, `tunnel_refused`, `too_many_connections` or `bad_request`.
     pub code: String,
     pub message: String,
 }

@@ -121,10 +121,16 @@ impl Operations for Service {
                 let ran = async {
                     // The run's packages first, in its sandbox's session: the code
                     // runs only once they are there.
-                    if let Some(packages) = &req.packages {
-                        crate::packages::install(&ctx, &lease, packages).await?;
+                    let installed = match &req.packages {
+                        Some(packages) => Some(crate::packages::install(&ctx, &lease, packages).await?),
+                        None => None,
+                    };
+                    let mut result = run::execute(&ctx, &lease, &req, &run_id, chunks).await.map_err(Error::from)?;
+                    // The install's network use is the run's too.
+                    if let (Some(installed), Some(net)) = (&installed, result.usage.net.as_mut()) {
+                        net.add_before(&installed.net);
                     }
-                    run::execute(&ctx, &lease, &req, &run_id, chunks).await.map_err(Error::from)
+                    Ok(result)
                 };
                 let (result, begun) = tokio::join!(ran, begun);
                 match begun {
