@@ -42,8 +42,14 @@ install -D -m 0644 systemd/sandboxd.tmpfiles "$stage/usr/lib/tmpfiles.d/sandboxd
 install -d "$stage/usr/share/sandboxd/rootfs/support"
 install -m 0755 rootfs/build.sh "$stage/usr/share/sandboxd/rootfs/build.sh"
 install -m 0644 rootfs/packages.txt rootfs/requirements.lock "$stage/usr/share/sandboxd/rootfs/"
-install -m 0644 rootfs/support/runner.py rootfs/support/sandboxd_runner.py rootfs/support/sandboxd_outcome.py rootfs/support/sitecustomize.py \
-  "$stage/usr/share/sandboxd/rootfs/support/"
+install -m 0644 rootfs/support/runner.py rootfs/support/sandboxd_runner.py rootfs/support/sandboxd_outcome.py \
+  rootfs/support/sandboxd_install.py rootfs/support/sitecustomize.py "$stage/usr/share/sandboxd/rootfs/support/"
+# Every file the recipe reads must be in the package: a missing one fails the
+# unit's first start, on the user's machine (fresh_host.sh step 5 found one so).
+for f in $(grep -o '\$here/[A-Za-z0-9_./-]*' rootfs/build.sh | sort -u); do
+  [ -e "$stage/usr/share/sandboxd/rootfs/${f#\$here/}" ] \
+    || { echo "deb: rootfs/${f#\$here/} (rootfs/build.sh reads it) is not in the package: add it above" >&2; exit 1; }
+done
 install -D -m 0644 README.md "$stage/usr/share/doc/sandboxd/README.md"
 
 install -d "$stage/DEBIAN"

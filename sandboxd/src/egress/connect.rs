@@ -8,6 +8,7 @@
 //! the daemon refused to go, its intranet among them).
 
 use super::rules::{code, forbidden, Host, Refusal};
+use std::sync::Arc;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -97,25 +98,41 @@ fn proxy_authority(url: &str) -> Option<String> {
 
 /// Lookups at once, daemon-wide: each holds a thread of the blocking pool (the
 /// system resolver blocks), which a name whose servers never answer would keep
-/// past its timeout.
+/// past its timeout (the lookup's turn is held until it really ends).
 static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(32);
+/// Lookups at once for one sandbox: so one cannot take all of [`LOOKUPS`].
+pub const TENANT_LOOKUPS: usize = 4;
 
 /// The addresses `host` resolves to, each checked; a host that resolves to any
 /// address no sandbox may reach is refused outright (whichever address a client
 /// would pick, and whatever a name's next answer would be). Always by the daemon
 /// itself, also when an outbound proxy is used (which is then asked for a
 /// checked address, never the name: it could resolve it otherwise).
-pub async fn resolve(host: &Host, port: u16, local: &[IpAddr]) -> Result<Vec<SocketAddr>, Refusal> {
+pub async fn resolve(
+    host: &Host,
+    port: u16,
+    local: &[IpAddr],
+    tenant_lookups: Arc<tokio::sync::Semaphore>,
+) -> Result<Vec<SocketAddr>, Refusal> {
     let addrs: Vec<SocketAddr> = match host {
         Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
         Host::Name(name) => {
-            let looked = tokio::time::timeout(RESOLVE_TIMEOUT, async {
-                let _turn = LOOKUPS.acquire().await;
-                tokio::net::lookup_host((name.as_str(), port)).await
+            let name_owned = name.clone();
+            let looked = tokio::time::timeout(RESOLVE_TIMEOUT, async move {
+                // The sandbox's turn, then the daemon's; both go with the lookup
+                // itself, which outlives this wait if its servers never answer.
+                let (Ok(mine), Ok(daemons)) = (tenant_lookups.acquire_owned().await, LOOKUPS.acquire().await) else {
+                    return Err(std::io::Error::other("the proxy is stopping"));
+                };
+                let lookup = tokio::spawn(async move {
+                    let _turns = (mine, daemons);
+                    tokio::net::lookup_host((name_owned.as_str(), port)).await.map(|found| found.collect::<Vec<_>>())
+                });
+                lookup.await.map_err(std::io::Error::other)?
             })
             .await;
             match looked {
-                Ok(Ok(found)) => found.collect(),
+                Ok(Ok(found)) => found,
                 Ok(Err(e)) => {
                     return Err(Refusal::new(code::NAME_NOT_RESOLVED, format!("{name} did not resolve: {e}")))
                 }
@@ -253,11 +270,12 @@ mod tests {
     #[tokio::test]
     async fn names_resolve_through_the_hosts_resolver_and_are_checked() {
         let local = [];
-        let r = resolve(&Host::parse("localhost").unwrap(), 80, &local).await.unwrap_err();
+        let turns = || Arc::new(tokio::sync::Semaphore::new(TENANT_LOOKUPS));
+        let r = resolve(&Host::parse("localhost").unwrap(), 80, &local, turns()).await.unwrap_err();
         assert_eq!(r.code, code::ADDRESS_NOT_ALLOWED);
         // Also with an outbound proxy: a name the daemon cannot resolve is refused,
         // never left to the proxy to resolve.
-        let r = resolve(&Host::parse("no-such-name.invalid").unwrap(), 80, &local).await.unwrap_err();
+        let r = resolve(&Host::parse("no-such-name.invalid").unwrap(), 80, &local, turns()).await.unwrap_err();
         assert_eq!(r.code, code::NAME_NOT_RESOLVED);
     }
 

@@ -234,6 +234,9 @@ pub struct Tenant {
     connections: Arc<tokio::sync::Semaphore>,
     /// KiB of request bodies read whole at once ([`BODIES_KIB`]).
     bodies: Arc<tokio::sync::Semaphore>,
+    /// Name lookups at once ([`connect::TENANT_LOOKUPS`]): one sandbox asking for
+    /// names whose servers never answer holds these, not the daemon's.
+    pub lookups: Arc<tokio::sync::Semaphore>,
 }
 
 /// What a [`Tenant`] serves now.
@@ -257,6 +260,7 @@ impl Tenant {
             run: Mutex::new(Current { run_id: run_id.to_string(), usage: Arc::default() }),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             bodies: Arc::new(tokio::sync::Semaphore::new(BODIES_KIB)),
+            lookups: Arc::new(tokio::sync::Semaphore::new(connect::TENANT_LOOKUPS)),
         })
     }
 

@@ -185,7 +185,7 @@ fn target_of(host: &str, port: u16) -> Result<(Host, u16), Refusal> {
 /// `host:port` checked against the policy, resolved, and its addresses checked.
 async fn checked(conn: &Conn, host: &Host, port: u16, tls: bool) -> Result<Target, Refusal> {
     conn.tenant.rules.check(host, port)?;
-    let addrs = connect::resolve(host, port, &conn.egress.local_addresses()).await?;
+    let addrs = connect::resolve(host, port, &conn.egress.local_addresses(), conn.tenant.lookups.clone()).await?;
     Ok(Target { host: host.clone(), port, addrs, tls })
 }
 
