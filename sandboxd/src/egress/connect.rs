@@ -8,8 +8,8 @@
 //! the daemon refused to go, its intranet among them).
 
 use super::rules::{code, forbidden, Host, Refusal};
-use std::sync::Arc;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
