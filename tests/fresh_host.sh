@@ -285,6 +285,9 @@ cleanup() {
   rc=$?
   set +e
   if [ -n "$daemon_pid" ]; then kill -TERM -- "-$daemon_pid" 2>/dev/null; sleep 3; kill -KILL -- "-$daemon_pid" 2>/dev/null; fi
+  # A step that failed with the container up leaves it to no one else: the next
+  # run would find the tree busy.
+  stop_container
   if [ $rc -eq 0 ]; then remove_tree; else say "the tree is left in $tree for a look (the next run removes it); log: $base/make-run.log"; fi
 }
 trap cleanup EXIT
