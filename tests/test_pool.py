@@ -192,6 +192,24 @@ print(json.dumps({
     assert out["procs"] == [1, 2]
 
 
+def test_a_pooled_run_owns_its_proc_files_as_an_execd_one_does(daemon):
+    # A cold program is made dumpable by its exec; a fork has none, and once was left
+    # non-dumpable: its /proc/self files were root's, so it could not read its own
+    # environ (a CI run failed on it) nor list its own fds.
+    r = pooled_run(daemon, r'''
+import ctypes, json, os
+print(json.dumps({
+    "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
+    "environ_owner": os.stat("/proc/self/environ").st_uid,
+    "environ_has_home": b"HOME=/tmp" in open("/proc/self/environ", "rb").read().split(b"\0"),
+    "fds": all(str(fd) in os.listdir("/proc/self/fd") for fd in (0, 1, 2)),
+}))
+''')
+    assert r["status"] == "ok", r["stderr"]
+    out = json.loads(r["stdout"].splitlines()[-1])
+    assert out == {"dumpable": 1, "environ_owner": 1000, "environ_has_home": True, "fds": True}
+
+
 def test_nothing_crosses_from_one_pooled_run_to_the_next(daemon):
     first = pooled_run(daemon, r'''
 import os, subprocess, numpy

@@ -213,8 +213,17 @@ fn run_init(spec: &ChildSpec, socket: RawFd, report: OwnedFd, alive: OwnedFd) ->
             )
         });
     match prepared {
-        Ok(Role::Program(err_w)) => {
+        Ok(Role::Program(mut err_w)) => {
             drop((report, alive));
+            // A cold program becomes dumpable again at its exec (its ids do not change
+            // there); a fork runs on without one, non-dumpable since its ids changed,
+            // which leaves its /proc/self files to root: it could not read its own
+            // `environ` nor list its own `fd`. Do what exec does.
+            if let Err(e) = nix::sys::prctl::set_dumpable(true) {
+                let _ = Failure::at("PR_SET_DUMPABLE")(e).write(&mut err_w);
+                // SAFETY: the failed program leaves at once, without destructors.
+                unsafe { libc::_exit(127) }
+            }
             // Setup went well: closing the pipe tells the init so.
             drop(err_w);
             Ok(())
