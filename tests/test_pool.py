@@ -6,6 +6,7 @@ cold sandboxes instead of errors or reuse."""
 import concurrent.futures
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -245,8 +246,9 @@ print(json.dumps({
 def test_under_load_the_pool_gives_way_to_cold_sandboxes(fresh_daemon):
     d = fresh_daemon(args=["--pool-size", "1"])
     d.wait_pool_ready()
-    # Runs longer than the wait for a busy template: the others cannot queue for it.
-    code = "import os, sys, time\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\ntime.sleep(0.5)\nprint('pandas' in sys.modules)"
+    # Runs far longer than a cold sandbox's extra cost: the others cannot queue for
+    # the busy template (they wait at most that long, then build cold sandboxes).
+    code = "import os, sys, time\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\ntime.sleep(3)\nprint('pandas' in sys.modules)"
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
         results = list(ex.map(lambda _: d.run(code), range(8)))
     assert [r["status"] for r in results] == ["ok"] * 8, results
@@ -255,6 +257,70 @@ def test_under_load_the_pool_gives_way_to_cold_sandboxes(fresh_daemon):
     assert pool["hits"] == sum(preloaded) and pool["hits"] >= 1
     assert pool["misses"] == 8 - pool["hits"] and pool["misses"] >= 1
     d.wait_pool_ready()
+    d.assert_clean()
+
+
+SHORT = "import os, sys\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\nprint('pandas' in sys.modules)"
+
+
+def burst(d, n, code=SHORT):
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        results = list(ex.map(lambda _: d.run(code), range(n)))
+    assert [r["status"] for r in results] == ["ok"] * n, results
+    return results
+
+
+def test_a_burst_of_short_runs_waits_for_the_template_instead_of_building_cold_sandboxes(fresh_daemon):
+    # One template and four short runs at once: each waits in line for the template
+    # back from the run before (a cold sandbox would cost far more than the wait),
+    # and each gets a fresh sandbox of its own (the mark is never there).
+    d = fresh_daemon(args=["--pool-size", "1", "--pool-idle-s", "3600"])
+    d.wait_pool_ready()
+    results = burst(d, 4)
+    assert [r["stdout"] for r in results] == ["True\n"] * 4
+    pool = d.pool()
+    assert (pool["hits"], pool["misses"], pool["failures"]) == (4, 0, 0), pool
+    d.assert_clean()
+
+
+def test_the_pool_grows_with_demand_and_shrinks_back_when_it_falls_off(fresh_daemon):
+    d = fresh_daemon(args=["--pool-size", "1", "--pool-idle-s", "10"])
+    d.wait_pool_ready()
+    assert d.pool()["templates"] == 1
+    # Four runs at once, each long enough that the others find the template busy.
+    burst(d, 4, code=SHORT + "\nimport time\ntime.sleep(0.3)")
+    # Four were wanted at once: the pool grows to four (one at a time, in the
+    # background; the peak holds 10 s)...
+    grown = d.wait_pool_ready(count=4, timeout=10)
+    assert grown["templates"] == 4 and grown["memory_held_bytes"] <= grown["memory_budget_bytes"], grown
+    # ...then, with nothing asked of it, gives one back every 10 s, down to its size.
+    deadline = time.time() + 120
+    while d.pool()["templates"] > 1:
+        assert time.time() < deadline, d.pool()
+        time.sleep(0.2)
+    pool = d.pool()
+    assert (pool["templates"], pool["ready"], pool["failures"]) == (1, 1, 0), pool
+    assert "the pool shrinks" in d.log_text()
+    d.assert_clean()
+
+
+def test_the_pool_never_holds_more_than_its_memory_budget(fresh_daemon):
+    # A budget the size asked for cannot fit: four interpreters with pandas,
+    # numpy and matplotlib imported hold well over 50 MiB each.
+    d = fresh_daemon(args=["--pool-size", "4", "--pool-memory-mb", "200"])
+    d.wait_pool_ready(count=1)
+    time.sleep(8)  # the refill has had time for the others, had they fitted
+    pool = d.pool()
+    assert pool["memory_budget_bytes"] == 200 << 20
+    assert 1 <= pool["templates"] < 4 and pool["memory_held_bytes"] <= pool["memory_budget_bytes"], pool
+    # No more would fit, at the footprint the pool measured.
+    assert pool["memory_held_bytes"] * (pool["templates"] + 1) // pool["templates"] > pool["memory_budget_bytes"], pool
+    # What the idle templates really hold stays within it too.
+    assert pool["memory_bytes"] <= pool["memory_budget_bytes"], pool
+    # Runs are still served by the templates there are.
+    results = burst(d, 3)
+    assert all(r["stdout"] == "True\n" for r in results)
+    assert d.pool()["templates"] < 4
     d.assert_clean()
 
 

@@ -126,6 +126,15 @@ pub struct Settings {
     /// imported; each forks a sandbox per run, one run at a time); 0 turns the pool off.
     #[arg(long, env = "SANDBOXD_POOL_SIZE")]
     pub pool_size: Option<usize>,
+    /// Memory every pooled template together may hold, in MiB (each at its policy's
+    /// measured idle size): the pool grows past `pool_size` per policy while runs
+    /// queue for templates, never past this.
+    #[arg(long, env = "SANDBOXD_POOL_MEMORY_MB")]
+    pub pool_memory_mb: Option<u64>,
+    /// Seconds the pool keeps a template it grew for after demand fell off: it
+    /// shrinks back to `pool_size` per policy by one template per this long.
+    #[arg(long, env = "SANDBOXD_POOL_IDLE_S")]
+    pub pool_idle_s: Option<u64>,
     /// Seconds that running runs get to finish at shutdown before they are killed.
     #[arg(long, env = "SANDBOXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
@@ -198,6 +207,8 @@ pub struct Config {
     pub instance: String,
     pub ready_sandboxes: usize,
     pub pool_size: usize,
+    pub pool_memory_mb: u64,
+    pub pool_idle_s: u64,
     pub shutdown_grace_s: u64,
     pub ca_bundle: PathBuf,
     pub package_cache_dir: PathBuf,
@@ -270,6 +281,8 @@ impl Config {
             instance,
             ready_sandboxes,
             pool_size,
+            pool_memory_mb,
+            pool_idle_s,
             shutdown_grace_s,
             ca_bundle,
             package_cache_dir,
@@ -425,6 +438,8 @@ impl Config {
             instance,
             ready_sandboxes: s.ready_sandboxes.unwrap_or(2).min(64),
             pool_size: s.pool_size.unwrap_or(2).min(64),
+            pool_memory_mb: s.pool_memory_mb.unwrap_or(2048).min(1 << 30),
+            pool_idle_s: s.pool_idle_s.unwrap_or(30).clamp(1, 86400),
             shutdown_grace_s: s.shutdown_grace_s.unwrap_or(10),
             ca_bundle: s.ca_bundle.unwrap_or_else(default_ca_bundle),
             package_cache_dir: s.package_cache_dir.unwrap_or_else(|| "/var/cache/sandboxd/packages".into()),

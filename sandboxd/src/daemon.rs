@@ -179,6 +179,8 @@ async fn serve_with(
         egress.as_ref().map(|e| e.bundle_path().to_path_buf()),
         sessions.policies().map(|p| (p.name.clone(), p.clone())).collect(),
         config.pool_size,
+        config.pool_memory_mb << 20,
+        Duration::from_secs(config.pool_idle_s),
         uids.pool,
     );
     let sessions = Arc::new(sessions);

@@ -6,8 +6,15 @@
 //! [`isolate::fork`]), the session's workspace is attached to it, the code is
 //! sent, and when the run ends everything of the fork is killed. The template never
 //! runs user code: it only forks, one run at a time, and goes back to the pool.
-//! One background task makes templates, one at a time, at the least CPU weight, so
-//! under load runs fall back to cold sandboxes rather than wait.
+//!
+//! Under load a run that finds no idle template waits for one, in order of
+//! arrival, as long as the wait it can expect is shorter than what a cold sandbox
+//! costs over a pooled run ([`demand`]: a template's own start, in CPU time); a
+//! template back from its run goes straight to the first run waiting. The pool grows to the recent
+//! peak of demand (runs served and waiting at once) and shrinks back, one template
+//! per `--pool-idle-s`, to `--pool-size` per policy; every template counts against the
+//! memory budget (`--pool-memory-mb`), which no start may pass. One background task
+//! makes templates, one at a time, at the least CPU weight.
 //!
 //! The protocol with `runner.py --template` is JSON lines, each read bounded and
 //! parsed strictly into the types of [`isolate::message`] (a fork's own side is
@@ -39,26 +46,31 @@
 //! the run's socket is a protocol violation: the daemon logs a short escaped
 //! excerpt at info, hangs up (the runner then exits) and takes the report.
 
+pub mod demand;
+
 use crate::isolate::message::{RunCode, TemplateMessage};
 use crate::isolate::{self, PooledTemplate, Sandboxes};
 use crate::model::health::PoolStats;
 use crate::model::policy::Policy;
 use crate::plan;
+use demand::Demand;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 /// How long a pooled interpreter may take to import its preload modules (at the
 /// least CPU weight, behind every run).
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
-/// How long a run waits, at most, for a busy template that should be back soon
-/// (see [`Pool::take`]) before it takes a cold sandbox.
-const WAIT_FOR_TEMPLATE: Duration = Duration::from_millis(100);
-/// A run this young in a template counts as "back soon": most runs are short.
-const SHORT_RUN: Duration = Duration::from_millis(50);
+/// How often the pool looks for idle templates past its target (see [`demand`]), at most.
+const SHRINK_EVERY: Duration = Duration::from_secs(5);
+/// What an idle template is taken to hold before one of its policy was measured.
+const PRIOR_FOOTPRINT: u64 = 192 << 20;
+
+/// A template handed to a run, and when.
+type Taken = (PooledTemplate, tokio::time::Instant);
 
 /// Why a template could not be made ready. The last one per policy is shown by
 /// `GET /v1/health` ([`Pool::start_errors`]) until a template of it starts.
@@ -92,6 +104,12 @@ struct State {
     running: HashMap<String, Vec<tokio::time::Instant>>,
     /// Of those, the ones whose run is over: back within milliseconds.
     recycling: HashMap<String, usize>,
+    /// Runs waiting for a template, per policy, first come first served.
+    waiters: HashMap<String, VecDeque<oneshot::Sender<Taken>>>,
+    /// Per policy, the timings and the recent demand the pool's rules read.
+    demand: HashMap<String, Demand>,
+    /// How long a peak of demand holds before the pool shrinks by one template.
+    idle_hold: Duration,
     /// Policies the pool keeps sandboxes for, in the order they were first wanted.
     wanted: Vec<String>,
     hits: u64,
@@ -123,11 +141,46 @@ impl State {
         self.running.entry(policy.into()).or_default().push(now);
     }
 
-    /// Should one of `policy`'s templates be back soon: its run is over (it is
-    /// being recycled), or started less than [`SHORT_RUN`] before `now`.
-    fn back_soon(&self, policy: &str, now: tokio::time::Instant) -> bool {
-        self.recycling.get(policy).is_some_and(|n| *n > 0)
-            || self.running.get(policy).is_some_and(|r| r.iter().any(|t| now.duration_since(*t) < SHORT_RUN))
+    /// How many of `policy`'s templates are due back: their run is over (they are
+    /// being recycled), or started less than `within` before `now`.
+    fn coming_back(&self, policy: &str, now: tokio::time::Instant, within: Duration) -> usize {
+        self.recycling.get(policy).copied().unwrap_or(0)
+            + self.running.get(policy).map_or(0, |r| r.iter().filter(|t| now.duration_since(**t) < within).count())
+    }
+
+    fn demand(&mut self, policy: &str, now: tokio::time::Instant) -> &mut Demand {
+        let hold = self.idle_hold;
+        self.demand.entry(policy.into()).or_insert_with(|| Demand::new(now, hold))
+    }
+
+    /// Runs waiting for a template of `policy` (those that gave up excepted).
+    fn waiting(&self, policy: &str) -> usize {
+        self.waiters.get(policy).map_or(0, |w| w.iter().filter(|t| !t.is_closed()).count())
+    }
+
+    /// Templates of `policy`: idle and serving runs.
+    fn count(&self, policy: &str) -> usize {
+        self.ready.get(policy).map_or(0, VecDeque::len) + self.busy.get(policy).copied().unwrap_or(0)
+    }
+
+    /// Memory the pool's templates hold, as their policies' idle footprints.
+    fn held_bytes(&self) -> u64 {
+        let mut policies: Vec<&String> = self.ready.keys().chain(self.busy.keys()).collect();
+        policies.sort();
+        policies.dedup();
+        policies.into_iter().map(|p| self.count(p) as u64 * self.footprint(p)).sum()
+    }
+
+    fn footprint(&self, policy: &str) -> u64 {
+        self.demand.get(policy).and_then(|d| d.footprint).unwrap_or(PRIOR_FOOTPRINT)
+    }
+
+    /// A template handed to a waiting run was not taken after all (the run gave
+    /// up just then): undo [`State::taken`].
+    fn untaken(&mut self, policy: &str, at: tokio::time::Instant) {
+        self.hits = self.hits.saturating_sub(1);
+        self.stop_running(policy, at);
+        self.returned(policy, false);
     }
 
     /// A template of `policy` is back from its run (`recycled`: after the run
@@ -145,6 +198,57 @@ impl State {
     }
 }
 
+/// What [`Pool::try_take`] found.
+enum Attempt {
+    /// Boxed: a template is large beside the other answers.
+    Taken(Box<Taken>),
+    /// In line for a template due back, for this long at most.
+    Wait(oneshot::Receiver<Taken>, Duration),
+    Cold,
+}
+
+/// A run in line for a template. Dropped with a template in hand (the run gave up,
+/// or its request went away, just as one came), it hands the template on.
+struct Waiting<'a> {
+    pool: &'a Pool,
+    policy: &'a str,
+    rx: oneshot::Receiver<Taken>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok((t, at)) = self.rx.try_recv() {
+            let mut st = self.pool.lock();
+            st.untaken(self.policy, at);
+            match st.stopped {
+                false => place(&mut st, self.policy, t),
+                true => st.retiring.push(t),
+            }
+        }
+    }
+}
+
+/// Hand `t`, a template of `policy` ready for a run, to the first run waiting for
+/// one (counted as taken), or put it with the idle ones.
+fn place(st: &mut State, policy: &str, mut t: PooledTemplate) {
+    let now = tokio::time::Instant::now();
+    while let Some(waiter) = st.waiters.get_mut(policy).and_then(VecDeque::pop_front) {
+        if waiter.is_closed() {
+            continue;
+        }
+        st.taken(policy, now);
+        match waiter.send((t, now)) {
+            Ok(()) => return,
+            Err((back, _)) => {
+                st.untaken(policy, now);
+                t = back;
+            }
+        }
+    }
+    st.ready.entry(policy.into()).or_default().push_back(t);
+}
+
 pub struct Pool {
     sandboxes: Arc<Sandboxes>,
     /// `libsandboxd.so`, handed to each template's fork ([`isolate::fork`]).
@@ -155,6 +259,8 @@ pub struct Pool {
     ca_bundle: Option<PathBuf>,
     policies: BTreeMap<String, Arc<Policy>>,
     size: usize,
+    /// What every template together may hold, bytes (`--pool-memory-mb`).
+    memory_budget: u64,
     /// Templates (and their forks) run as a uid of this range, not a session's
     /// (the workspace is attached through an idmapped mount), each its own while it
     /// lives ([`crate::uids::Lease`]).
@@ -163,7 +269,7 @@ pub struct Pool {
     state: Mutex<State>,
     /// Wakes the refill task.
     wake: Notify,
-    /// Wakes runs waiting for a busy template to come back.
+    /// Wakes the shutdown, waiting for templates still recycling.
     returned: Notify,
     /// Cancelled at shutdown: a sandbox still importing is destroyed at once.
     stop: CancellationToken,
@@ -171,9 +277,12 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool of `size` templates per policy in use; it keeps the default policy's
+    /// A pool of at least `size` templates per policy in use, more while demand
+    /// asks (one less per `idle_hold` once it falls off), all of them within
+    /// `memory_budget` bytes; it keeps the default policy's
     /// from the start. `uids` is the pool's range, above every session's
     /// ([`crate::uids::Ranges`]). Without `library` there is no pool.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         sandboxes: Arc<Sandboxes>,
         library: Option<std::fs::File>,
@@ -181,10 +290,12 @@ impl Pool {
         ca_bundle: Option<PathBuf>,
         policies: BTreeMap<String, Arc<Policy>>,
         size: usize,
+        memory_budget: u64,
+        idle_hold: Duration,
         uids: std::ops::Range<u32>,
     ) -> Arc<Pool> {
         let size = if library.is_some() { size } else { 0 };
-        let state = State { wanted: vec!["default".into()], ..State::default() };
+        let state = State { wanted: vec!["default".into()], idle_hold, ..State::default() };
         let pool = Arc::new(Pool {
             sandboxes,
             library,
@@ -192,6 +303,7 @@ impl Pool {
             ca_bundle,
             policies,
             size,
+            memory_budget,
             uids,
             leases: crate::uids::Leases::default(),
             state: Mutex::new(state),
@@ -212,37 +324,53 @@ impl Pool {
     }
 
     /// An idle template for `policy`, and when it was taken; or None (the run then
-    /// uses a cold sandbox). When none is idle but one should be back soon (its run
-    /// is over, or started less than [`SHORT_RUN`] ago), waits up to
-    /// [`WAIT_FOR_TEMPLATE`] for one: a template is back within milliseconds of its
-    /// run, and a run it serves costs far less CPU than a cold sandbox, so under load
-    /// runs queue for templates instead of crowding the CPU with cold sandboxes. A
+    /// uses a cold sandbox). When none is idle, the run waits in line for one that
+    /// is due back, as long as [`Demand::patience`] says the wait beats a cold
+    /// sandbox: a pooled run costs far less CPU than a cold one, so under load runs
+    /// queue for templates instead of crowding the CPU with cold sandboxes. A
     /// template busy with a long run is not waited for.
-    pub async fn take(&self, policy: &str) -> Option<(PooledTemplate, tokio::time::Instant)> {
+    ///
+    /// A run waiting in line is cancelled with `cancel` (its session's: a cancel
+    /// request, the session closing, the daemon stopping): it then leaves the line
+    /// and goes on as a cold run would, which the cancel stops at once.
+    pub async fn take(&self, policy: &str, mut cancel: watch::Receiver<bool>) -> Option<Taken> {
         if self.size == 0 {
             return None;
         }
-        let deadline = tokio::time::Instant::now() + WAIT_FOR_TEMPLATE;
-        loop {
-            let returned = self.returned.notified();
-            tokio::pin!(returned);
-            returned.as_mut().enable();
-            let (taken, soon) = self.try_take(policy);
-            if taken.is_some() {
-                return taken;
+        let (rx, patience) = match self.try_take(policy) {
+            Attempt::Taken(t) => return Some(*t),
+            Attempt::Cold => return None,
+            Attempt::Wait(rx, patience) => (rx, patience),
+        };
+        let mut waiting = Waiting { pool: self, policy, rx };
+        let cancelled = async {
+            // Dropped (the session is gone) counts as cancelled too.
+            let _ = cancel.wait_for(|c| *c).await;
+        };
+        tokio::select! {
+            got = tokio::time::timeout(patience, &mut waiting.rx) => {
+                if let Ok(Ok(taken)) = got {
+                    return Some(taken);
+                }
             }
-            if !soon || tokio::time::timeout_at(deadline, returned).await.is_err() {
-                self.lock().misses += 1;
-                return None;
-            }
+            _ = cancelled => {}
         }
+        // Gave up: a template handed over meanwhile is still taken.
+        waiting.rx.close();
+        if let Ok(taken) = waiting.rx.try_recv() {
+            return Some(taken);
+        }
+        self.lock().misses += 1;
+        None
     }
 
-    /// An idle template now, or None and whether one should be back soon.
-    fn try_take(&self, policy: &str) -> (Option<(PooledTemplate, tokio::time::Instant)>, bool) {
+    /// An idle template now; or a place in line for one due back, and how long to
+    /// wait at most; or neither (the miss is counted).
+    fn try_take(&self, policy: &str) -> Attempt {
+        let preloaded = self.policies.get(policy).is_some_and(|p| !p.preload.is_empty());
         let mut dead = vec![];
         let now = tokio::time::Instant::now();
-        let (taken, soon) = {
+        let attempt = {
             let mut st = self.lock();
             let mut taken = None;
             while let Some(t) = st.ready.get_mut(policy).and_then(VecDeque::pop_front) {
@@ -255,20 +383,52 @@ impl Pool {
                 dead.push(t);
             }
             st.failures += dead.len() as u64;
-            if taken.is_some() {
-                st.taken(policy, now);
+            if st.stopped {
+                st.misses += 1;
+                drop(st);
+                for t in dead {
+                    tokio::spawn(t.destroy());
+                }
+                return Attempt::Cold;
             }
             if !st.wanted.iter().any(|w| w == policy) && self.policies.contains_key(policy) {
                 st.wanted.push(policy.into());
             }
-            let soon = st.back_soon(policy, now);
-            (taken.map(|t| (t, now)), soon)
+            let ahead = st.waiting(policy);
+            let busy = st.busy.get(policy).copied().unwrap_or(0);
+            // Templates wanted at once: those serving, the runs waiting, this one.
+            st.demand(policy, now).wanted(now, busy + ahead + 1);
+            match taken {
+                Some(t) => {
+                    st.taken(policy, now);
+                    Attempt::Taken(Box::new((t, now)))
+                }
+                None => {
+                    let within = st.demand(policy, now).due_back_within(preloaded);
+                    let coming_back = st.coming_back(policy, now, within);
+                    match st.demand(policy, now).patience(ahead, coming_back, preloaded) {
+                        Some(patience) => {
+                            let (tx, rx) = oneshot::channel();
+                            let line = st.waiters.entry(policy.into()).or_default();
+                            // Runs that gave up leave the line here too, not only as
+                            // templates come back (they may not for a while).
+                            line.retain(|w| !w.is_closed());
+                            line.push_back(tx);
+                            Attempt::Wait(rx, patience)
+                        }
+                        None => {
+                            st.misses += 1;
+                            Attempt::Cold
+                        }
+                    }
+                }
+            }
         };
         for t in dead {
             tokio::spawn(t.destroy());
         }
         self.wake.notify_one();
-        (taken, soon)
+        attempt
     }
 
     /// Serve one run with `template` (from [`Pool::take`]): take the fork it made
@@ -306,32 +466,45 @@ impl Pool {
                     o.setup = setup;
                     o
                 });
+                // Its forks share its hash secret and memory layout: a template serves
+                // at most the policy's `template_runs`. One whose run spent its task
+                // peak or met the OOM killer goes too. Decided now, so that no run
+                // waits in line for a template that is not coming back.
+                let retired = if template.served() >= policy.template_runs {
+                    Some(isolate::Error::Retired(policy.template_runs))
+                } else if template.pids_spent() {
+                    Some(isolate::Error::PidsSpent(isolate::PIDS_KEEP))
+                } else {
+                    None
+                };
+                let recycled = retired.is_none();
                 {
                     let mut st = self.lock();
-                    *st.recycling.entry(policy.name.clone()).or_default() += 1;
+                    if recycled {
+                        *st.recycling.entry(policy.name.clone()).or_default() += 1;
+                    }
                     st.stop_running(&policy.name, taken_at);
                 }
                 let me = self.clone();
                 let policy = policy.clone();
                 tokio::spawn(async move {
-                    let back = match me.library.as_ref() {
-                        // Its forks share its hash secret and memory layout: a template
-                        // serves at most the policy's `template_runs`.
-                        _ if template.served() >= policy.template_runs => {
+                    let back = match (retired, me.library.as_ref()) {
+                        (Some(e), _) => {
                             template.destroy().await;
-                            Err(isolate::Error::Retired(policy.template_runs))
+                            Err(e)
                         }
-                        _ if template.pids_spent() => {
-                            template.destroy().await;
-                            Err(isolate::Error::PidsSpent(isolate::PIDS_KEEP))
+                        (None, Some(library)) => {
+                            template.recycle(oom_before, &plan::child_spec(&policy), library).await
                         }
-                        Some(library) => template.recycle(oom_before, &plan::child_spec(&policy), library).await,
-                        None => Err(isolate::Error::NoLibrary),
+                        (None, None) => Err(isolate::Error::NoLibrary),
                     };
-                    if let Err(e) = &back {
-                        tracing::info!(policy = %policy.name, reason = %e, "a pooled template is replaced after its run");
+                    match &back {
+                        Ok(_) => me.lock().demand(&policy.name, taken_at).turnaround.add(taken_at.elapsed()),
+                        Err(e) => {
+                            tracing::info!(policy = %policy.name, reason = %e, "a pooled template is replaced after its run")
+                        }
                     }
-                    me.give_back(&policy.name, back.ok(), true);
+                    me.give_back(&policy.name, back.ok(), recycled);
                 });
                 Ok(outcome)
             }
@@ -361,14 +534,14 @@ impl Pool {
         }
     }
 
-    /// A template is done with its run (`recycled`: after it ran): idle again, or
-    /// gone (`None`).
+    /// A template is done with its run (`recycled`: after it ran): to the first run
+    /// waiting for one, idle again, or gone (`None`).
     fn give_back(&self, policy: &str, template: Option<PooledTemplate>, recycled: bool) {
         {
             let mut st = self.lock();
             st.returned(policy, recycled);
             match template {
-                Some(t) if !st.stopped => st.ready.entry(policy.into()).or_default().push_back(t),
+                Some(t) if !st.stopped => place(&mut st, policy, t),
                 // The daemon is stopping: its shutdown waits for these and destroys
                 // them (a task spawned now might never run).
                 Some(t) => st.retiring.push(t),
@@ -390,6 +563,10 @@ impl Pool {
             misses: st.misses,
             failures: st.failures,
             memory_bytes: st.ready.values().flatten().filter_map(PooledTemplate::memory_bytes).sum(),
+            templates: st.ready.values().map(VecDeque::len).sum::<usize>() + st.busy.values().sum::<usize>(),
+            waiting: st.waiters.keys().map(|p| st.waiting(p)).sum(),
+            memory_budget_bytes: self.memory_budget,
+            memory_held_bytes: st.held_bytes(),
         }
     }
 
@@ -400,7 +577,12 @@ impl Pool {
 
     /// Stop refilling and destroy every ready sandbox (daemon shutdown).
     pub async fn shutdown(&self) {
-        self.lock().stopped = true;
+        {
+            let mut st = self.lock();
+            st.stopped = true;
+            // Runs in line take cold sandboxes (or are cancelled themselves).
+            st.waiters.clear();
+        }
         self.stop.cancel();
         let refiller = self.refiller.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(task) = refiller {
@@ -432,40 +614,115 @@ impl Pool {
         }
     }
 
-    /// The policy that is short of templates, if any, and a uid for the next one
-    /// (none while every uid of the pool is a live template's).
-    fn next_job(&self) -> Option<(Arc<Policy>, crate::uids::Lease)> {
+    /// The policy that is short of templates, if any, a uid for the next one
+    /// (none while every uid of the pool is a live template's), and whether it is
+    /// urgent (imported at full CPU weight).
+    fn next_job(&self) -> Option<(Arc<Policy>, crate::uids::Lease, bool)> {
         let mut st = self.lock();
         if st.stopped {
             return None;
         }
-        let count = |w: &String| st.ready.get(w).map_or(0, VecDeque::len) + st.busy.get(w).copied().unwrap_or(0);
-        let short = st.wanted.iter().find(|w| count(w) < self.size)?.clone();
+        let now = tokio::time::Instant::now();
+        let wanted = st.wanted.clone();
+        let fits = |st: &State, w: &str| demand::fits(st.held_bytes(), st.footprint(w), self.memory_budget);
+        // Every policy in use up to `size` first (its first template whatever the
+        // budget says: an unmeasured policy is only guessed at), then growth with demand.
+        let below_size = wanted.iter().find(|w| {
+            let count = st.count(w);
+            count < self.size && (count == 0 || fits(&st, w))
+        });
+        let short = match below_size {
+            Some(w) => w.clone(),
+            None => {
+                let mut grow = None;
+                for w in wanted {
+                    if st.count(&w) < st.demand(&w, now).target(now, self.size) && fits(&st, &w) {
+                        grow = Some(w);
+                        break;
+                    }
+                }
+                grow?
+            }
+        };
         let policy = self.policies.get(&short)?.clone();
         let lease = self.leases.take(self.uids.clone(), st.next_uid)?;
         st.next_uid = st.next_uid.wrapping_add(1);
-        Some((policy, lease))
+        // Full CPU weight only while runs wait in line for the policy, or it has no
+        // template at all: a run that gets its template replaced (by spending its
+        // task peak, say) does not buy a full-weight import with it.
+        let urgent = st.waiting(&policy.name) > 0 || st.count(&policy.name) == 0;
+        Some((policy, lease, urgent))
+    }
+
+    /// Destroy idle templates past their policy's target (its demand has fallen
+    /// off), or past the memory budget.
+    async fn shrink(&self) {
+        let surplus: Vec<PooledTemplate> = {
+            let mut st = self.lock();
+            let now = tokio::time::Instant::now();
+            let mut surplus = vec![];
+            for policy in st.wanted.clone() {
+                let over = st.count(&policy).saturating_sub(st.demand(&policy, now).target(now, self.size));
+                for _ in 0..over {
+                    match st.ready.get_mut(&policy).and_then(VecDeque::pop_back) {
+                        Some(t) => surplus.push(t),
+                        None => break,
+                    }
+                }
+            }
+            // Past the budget: idle templates go from the policy with the most
+            // templates over its size first.
+            while st.held_bytes() > self.memory_budget {
+                let mut idle: Vec<(usize, String)> =
+                    st.ready.iter().filter(|(_, r)| !r.is_empty()).map(|(p, _)| (st.count(p), p.clone())).collect();
+                idle.sort();
+                let Some((_, policy)) = idle.pop() else { break };
+                match st.ready.get_mut(&policy).and_then(VecDeque::pop_back) {
+                    Some(t) => surplus.push(t),
+                    None => break,
+                }
+            }
+            surplus
+        };
+        if !surplus.is_empty() {
+            tracing::info!(templates = surplus.len(), "the pool shrinks: demand fell off");
+        }
+        for t in surplus {
+            t.destroy().await;
+        }
     }
 
     async fn refill(self: Arc<Self>) {
         let mut backoff = Duration::from_secs(1);
         loop {
-            let Some((policy, uid)) = self.next_job() else {
+            let Some((policy, uid, urgent)) = self.next_job() else {
                 tokio::select! {
-                    _ = self.wake.notified() => continue,
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(SHRINK_EVERY.min(self.lock().idle_hold)) => {}
                     _ = self.stop.cancelled() => return,
                 }
+                self.shrink().await;
+                continue;
             };
-            match self.start(&policy, uid).await {
+            match self.start(&policy, uid, urgent).await {
                 Ok(p) => {
                     backoff = Duration::from_secs(1);
                     let unwanted = {
                         let mut st = self.lock();
                         st.start_errors.remove(&policy.name);
+                        let d = st.demand(&policy.name, tokio::time::Instant::now());
+                        if let Some(bytes) = p.memory_bytes() {
+                            // The first template also holds the rootfs's page cache: the
+                            // average settles on what each one adds.
+                            d.footprint = Some(d.footprint.map_or(bytes, |f| f / 4 * 3 + bytes / 4));
+                        }
+                        if let Some(cpu) = p.start_cpu() {
+                            d.start_cpu.add(cpu);
+                        }
                         if st.stopped {
                             Some(p)
                         } else {
-                            st.ready.entry(policy.name.clone()).or_default().push_back(p);
+                            place(&mut st, &policy.name, p);
                             None
                         }
                     };
@@ -492,11 +749,13 @@ impl Pool {
         }
     }
 
-    /// Start one template and wait until its interpreter has its imports.
-    async fn start(&self, policy: &Policy, uid: crate::uids::Lease) -> Result<PooledTemplate, Error> {
+    /// Start one template and wait until its interpreter has its imports (at the
+    /// least CPU weight, unless `urgent`).
+    async fn start(&self, policy: &Policy, uid: crate::uids::Lease, urgent: bool) -> Result<PooledTemplate, Error> {
         let spec = plan::template_spec(&self.rootfs, self.ca_bundle.as_deref(), uid.uid, policy);
         let limits = plan::cgroup_limits(policy);
-        let mut template = PooledTemplate::start(&self.sandboxes, &spec, &limits, uid).await.map_err(Error::Start)?;
+        let mut template =
+            PooledTemplate::start(&self.sandboxes, &spec, &limits, uid, urgent).await.map_err(Error::Start)?;
         let ready = tokio::select! {
             r = tokio::time::timeout(READY_TIMEOUT, template.next_message()) => r,
             _ = self.stop.cancelled() => Ok(Ok(None)),

@@ -177,7 +177,7 @@ pub async fn execute(
     tracing::debug!(run_id = %run_id, code = ?req.code, "run code");
     let take_began = std::time::Instant::now();
     let pooled = match req.language {
-        Language::Python => ctx.pool.take(&policy.name).await,
+        Language::Python => ctx.pool.take(&policy.name, lease.cancel.clone()).await,
         Language::Shell => None,
     };
     let pool_wait = take_began.elapsed();

@@ -137,18 +137,20 @@ impl Forked {
 impl PooledTemplate {
     /// Start a pooled sandbox in a slot of `sandboxes`: built without a workspace,
     /// its program (a template interpreter) started with a socket as stdin, at the
-    /// least CPU weight while it imports. `spec.workspace` must be `None` and
-    /// `spec.template` true; `uid` is the lease on `spec.host_uid`.
+    /// least CPU weight while it imports unless runs wait for it (`urgent`).
+    /// `spec.workspace` must be `None` and `spec.template` true; `uid` is the lease
+    /// on `spec.host_uid`.
     pub async fn start(
         sandboxes: &Arc<Sandboxes>,
         spec: &SandboxSpec,
         limits: &cgroup::Limits,
         uid: crate::uids::Lease,
+        urgent: bool,
     ) -> Result<PooledTemplate, Error> {
         let slot = sandboxes.take().await?;
         let launched = async {
             slot.cg.set_limits(limits)?;
-            slot.cg.set_idle(true)?;
+            slot.cg.set_idle(!urgent)?;
             let (program, theirs) = socket_pair().map_err(Error::Control)?;
             let mut sandbox = launch(&slot, spec, Some(&OwnedFd::from(theirs))).await?;
             let waited = tokio::time::timeout(Duration::from_secs(60), sandbox.wait_started()).await;
@@ -180,6 +182,12 @@ impl PooledTemplate {
     /// Memory the sandbox holds now.
     pub fn memory_bytes(&self) -> Option<u64> {
         self.slot.cg.memory_current()
+    }
+
+    /// CPU time the sandbox used so far: read once its imports are done, what a
+    /// cold sandbox of the policy spends again before it runs any code.
+    pub fn start_cpu(&self) -> Option<Duration> {
+        self.slot.cg.cpu_usage_ns().map(Duration::from_nanos)
     }
 
     /// Host pid of the template's interpreter: the init's only child.
@@ -228,9 +236,10 @@ impl PooledTemplate {
 
     /// Send the fork request; the template forks at once.
     async fn request_fork(&mut self, spec: &ChildSpec, library: &std::fs::File) -> Result<PendingFork, Error> {
-        // Forking ahead of a run waits behind everything else on the machine (the
-        // answer to the run just finished, first of all); the run gets full weight.
-        self.slot.cg.set_idle(true)?;
+        // At full CPU weight: a fork ahead is milliseconds of CPU, and at the least
+        // weight it starved behind cold sandboxes under load until its template was
+        // given up (5 s to reap the last fork, 10 s to enter the next).
+        self.slot.cg.set_idle(false)?;
         let (out_r, out_w) = pipe().map_err(Error::Control)?;
         let (err_r, err_w) = pipe().map_err(Error::Control)?;
         let (report_r, report_w) = pipe().map_err(Error::Control)?;
@@ -351,9 +360,6 @@ impl PooledTemplate {
         // by pid could then reach whatever process got that pid since.
         let kill = |_init: i32, sig| process::pidfd_signal(&init_pidfd, sig);
         let result = drive(&mut run, bounds, chunks, &mut cancel, started, None, Some(ended), kill).await;
-        // Tearing the fork down (three processes unmapping a copy of the template's
-        // memory) waits behind the answer to the run.
-        let _ = self.slot.cg.set_idle(true);
         pidfd_kill(&init_pidfd);
         // The run's process may wait for its socket to close: only now.
         drop((program, report));
@@ -365,8 +371,8 @@ impl PooledTemplate {
         Ok(result?.complete(usage))
     }
 
-    /// After a run: fork ahead of the next one (`spec`), while the template
-    /// reaps this run's fork. Once it has, and nothing but the new fork is left in
+    /// After a run: fork ahead of the next one (`spec`), while the template reaps
+    /// this run's fork. Once it has, and nothing but the new fork is left in
     /// the cgroup, it may serve another run. Otherwise (an OOM kill in the cgroup,
     /// which may have hit the template; a template that does not answer or cannot
     /// fork) it is destroyed.

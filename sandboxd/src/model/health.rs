@@ -71,8 +71,8 @@ pub struct Problem {
 #[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
 #[schema(as = Stats)]
 pub struct PoolStats {
-    /// Template interpreters kept per policy in use (0: the pool is off); each
-    /// serves one run at a time.
+    /// Template interpreters kept at least per policy in use (0: the pool is off);
+    /// each serves one run at a time.
     pub size_per_policy: usize,
     /// Templates idle now, all policies.
     pub ready: usize,
@@ -88,4 +88,16 @@ pub struct PoolStats {
     pub failures: u64,
     /// Memory held by the idle templates, bytes.
     pub memory_bytes: u64,
+    /// Templates held now, idle and serving runs, all policies: `size_per_policy`
+    /// for each policy in use, more while demand asks (the pool shrinks back as it
+    /// falls off).
+    pub templates: usize,
+    /// Runs waiting now for a template to come back from its run.
+    pub waiting: usize,
+    /// What the pool's templates may hold together, bytes (`--pool-memory-mb`):
+    /// no template is started past it.
+    pub memory_budget_bytes: u64,
+    /// What the pool counts its templates as holding against the budget, bytes:
+    /// each at its policy's measured idle footprint.
+    pub memory_held_bytes: u64,
 }

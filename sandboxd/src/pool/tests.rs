@@ -3,35 +3,59 @@
 use super::*;
 
 /// A template taken counts as busy and running; once its run is over it is
-/// recycling, back soon, and given back it is neither.
+/// recycling, due back, and given back it is neither.
 #[test]
 fn a_templates_run_is_counted_from_take_to_give_back() {
     let mut st = State::default();
     let t0 = tokio::time::Instant::now();
-    assert!(!st.back_soon("p", t0));
+    let within = Duration::from_millis(50);
+    assert_eq!(st.coming_back("p", t0, within), 0);
     st.taken("p", t0);
-    assert_eq!((st.hits, st.busy["p"], st.running["p"].len()), (1, 1, 1));
-    // A run younger than SHORT_RUN may be back soon; an older one is not waited for.
-    assert!(st.back_soon("p", t0 + SHORT_RUN / 2));
-    assert!(!st.back_soon("p", t0 + SHORT_RUN * 2));
-    assert!(!st.back_soon("q", t0));
-    // The run is over: its template is recycled, back within moments.
+    assert_eq!((st.hits, st.busy["p"], st.running["p"].len(), st.count("p")), (1, 1, 1, 1));
+    // A run younger than `within` is due back; an older one is not waited for.
+    assert_eq!(st.coming_back("p", t0 + within / 2, within), 1);
+    assert_eq!(st.coming_back("p", t0 + within * 2, within), 0);
+    assert_eq!(st.coming_back("q", t0, within), 0);
+    // The run is over: its template is recycled, due back within moments.
     *st.recycling.entry("p".into()).or_default() += 1;
     st.stop_running("p", t0);
     assert!(st.running["p"].is_empty());
-    assert!(st.back_soon("p", t0 + SHORT_RUN * 2));
+    assert_eq!(st.coming_back("p", t0 + within * 2, within), 1);
     st.returned("p", true);
     assert_eq!((st.busy["p"], st.recycling["p"]), (0, 0));
-    assert!(!st.back_soon("p", t0));
+    assert_eq!(st.coming_back("p", t0, within), 0);
     // A template that failed before its run is not counted as recycling; nothing
     // goes below zero, and another run's start is not taken for this one's.
     st.taken("p", t0);
-    st.stop_running("p", t0 + SHORT_RUN);
+    st.stop_running("p", t0 + within);
     assert_eq!(st.running["p"].len(), 1);
     st.stop_running("p", t0);
     st.returned("p", false);
     st.returned("p", true);
     assert_eq!((st.busy["p"], st.recycling["p"], st.hits), (0, 0, 2));
+    // Handed to a run that gave up just then: as if never taken.
+    st.taken("p", t0);
+    st.untaken("p", t0);
+    assert_eq!((st.busy["p"], st.running["p"].len(), st.hits), (0, 0, 2));
+}
+
+/// Runs in line are counted until they give up; the memory held is each policy's
+/// templates at its measured footprint (a prior before one is measured).
+#[test]
+fn waiting_runs_and_held_memory_are_counted_as_they_stand() {
+    let mut st = State::default();
+    let t0 = tokio::time::Instant::now();
+    let (tx1, rx1) = oneshot::channel::<Taken>();
+    let (tx2, _rx2) = oneshot::channel::<Taken>();
+    st.waiters.entry("p".into()).or_default().extend([tx1, tx2]);
+    assert_eq!(st.waiting("p"), 2);
+    drop(rx1);
+    assert_eq!((st.waiting("p"), st.waiting("q")), (1, 0));
+    st.taken("p", t0);
+    st.taken("q", t0);
+    assert_eq!(st.held_bytes(), 2 * PRIOR_FOOTPRINT);
+    st.demand("p", t0).footprint = Some(100 << 20);
+    assert_eq!(st.held_bytes(), (100 << 20) + PRIOR_FOOTPRINT);
 }
 
 /// What `GET /v1/health` shows for each (its words are the operator's clue).
