@@ -395,9 +395,15 @@ impl Pool {
                 st.wanted.push(policy.into());
             }
             let ahead = st.waiting(policy);
-            let busy = st.busy.get(policy).copied().unwrap_or(0);
-            // Templates wanted at once: those serving, the runs waiting, this one.
-            st.demand(policy, now).wanted(now, busy + ahead + 1);
+            // Templates wanted at once. A run that finds one idle: those serving runs
+            // and this one (not those being recycled: a lone client's next run would
+            // count its last). A run that finds none: every template away (being
+            // recycled too: it is not there for this run), the runs waiting, this one.
+            let wanted = match taken {
+                Some(_) => st.running.get(policy).map_or(0, Vec::len) + 1,
+                None => st.busy.get(policy).copied().unwrap_or(0) + ahead + 1,
+            };
+            st.demand(policy, now).wanted(now, wanted);
             match taken {
                 Some(t) => {
                     st.taken(policy, now);
