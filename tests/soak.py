@@ -73,6 +73,7 @@ class Soak:
         self.faults = []
         self.checks = collections.Counter()
         self.drain = []  # what new clients got while SIGTERM drained
+        self.held = None  # how the run in flight when SIGTERM came ended
 
     # --- work ---------------------------------------------------------------
 
@@ -257,8 +258,24 @@ class Soak:
         self.up.clear()
         t0 = time.time()
         if sig == signal.SIGTERM:
+            # A run in flight that outlasts the probe's first try, so the drain is
+            # there to be seen however quickly the workers' runs end (pooled ones
+            # end in milliseconds); the drain lets it finish.
+            held = {}
+
+            def hold():
+                try:
+                    with d.http(timeout=60) as c:
+                        held["status"] = c.post("/v1/runs", json={"code": "import time\ntime.sleep(2)\nprint('held')"}).json()["status"]
+                except (httpx.TransportError, ValueError, KeyError) as e:
+                    held["status"] = type(e).__name__
+            holder = threading.Thread(target=hold, daemon=True)
+            holder.start()
+            time.sleep(0.5)  # it is running
             d.proc.send_signal(sig)
             self.probe_drain()
+            holder.join(timeout=60)
+            self.held = held.get("status")
         d.stop(sig, timeout=60)
         stopped = time.time() - t0
         with self.lock:
@@ -355,6 +372,8 @@ class Soak:
             bad.append("no run succeeded")
         if not self.drain or self.drain[0] != "503":
             bad.append(f"while SIGTERM drained, the first new client got {self.drain[:1]}, not 503 unavailable")
+        if self.held != "ok":
+            bad.append(f"the run in flight when SIGTERM came ended {self.held}, not ok (the drain lets it finish)")
         for what, items in self.leftovers.items():
             if items:
                 bad.append(f"{len(items)} {what} left after the stop")
