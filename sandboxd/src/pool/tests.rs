@@ -1,5 +1,6 @@
 //! The pool's bookkeeping and its errors' words, without a sandbox.
 
+use super::state::PRIOR_FOOTPRINT;
 use super::*;
 
 /// A template taken counts as busy and running; once its run is over it is
