@@ -14,7 +14,8 @@
 //! peak of demand (runs served and waiting at once) and shrinks back, one template
 //! per `--pool-idle-s`, to `--pool-size` per policy; every template counts against the
 //! memory budget (`--pool-memory-mb`), which no start may pass. One background task
-//! makes templates, one at a time, at the least CPU weight.
+//! makes templates, one at a time: at the least CPU weight, unless runs wait in line
+//! for its policy or the policy has no template.
 //!
 //! The protocol with `runner.py --template` is JSON lines, each read bounded and
 //! parsed strictly into the types of [`isolate::message`] (a fork's own side is
@@ -114,10 +115,7 @@ impl Drop for Waiting<'_> {
         if let Ok((t, at)) = self.rx.try_recv() {
             let mut st = self.pool.lock();
             st.untaken(self.policy, at);
-            match st.stopped {
-                false => place(&mut st, self.policy, t),
-                true => st.retiring.push(t),
-            }
+            place(&mut st, self.policy, t);
         }
     }
 }
@@ -256,14 +254,6 @@ impl Pool {
                 dead.push(t);
             }
             st.failures += dead.len() as u64;
-            if st.stopped {
-                st.misses += 1;
-                drop(st);
-                for t in dead {
-                    tokio::spawn(t.destroy());
-                }
-                return Attempt::Cold;
-            }
             if !st.wanted.iter().any(|w| w == policy) && self.policies.contains_key(policy) {
                 st.wanted.push(policy.into());
             }
@@ -278,6 +268,14 @@ impl Pool {
             };
             st.demand(policy, now).wanted(now, wanted);
             match taken {
+                // Stopped: no template is handed out, nor is any run put in line.
+                _ if st.stopped => {
+                    if let Some(t) = taken {
+                        place(&mut st, policy, t);
+                    }
+                    st.misses += 1;
+                    Attempt::Cold
+                }
                 Some(t) => {
                     st.taken(policy, now);
                     Attempt::Taken(Box::new((t, now)))
@@ -419,12 +417,8 @@ impl Pool {
         {
             let mut st = self.lock();
             st.returned(policy, recycled);
-            match template {
-                Some(t) if !st.stopped => place(&mut st, policy, t),
-                // The daemon is stopping: its shutdown waits for these and destroys
-                // them (a task spawned now might never run).
-                Some(t) => st.retiring.push(t),
-                None => {}
+            if let Some(t) = template {
+                place(&mut st, policy, t);
             }
         }
         self.wake.notify_one();
@@ -586,7 +580,7 @@ impl Pool {
             match self.start(&policy, uid, urgent).await {
                 Ok(p) => {
                     backoff = Duration::from_secs(1);
-                    let unwanted = {
+                    let stopped = {
                         let mut st = self.lock();
                         st.start_errors.remove(&policy.name);
                         let d = st.demand(&policy.name, tokio::time::Instant::now());
@@ -598,15 +592,10 @@ impl Pool {
                         if let Some(cpu) = p.start_cpu() {
                             d.start_cpu.add(cpu);
                         }
-                        if st.stopped {
-                            Some(p)
-                        } else {
-                            place(&mut st, &policy.name, p);
-                            None
-                        }
+                        place(&mut st, &policy.name, p);
+                        st.stopped
                     };
-                    if let Some(p) = unwanted {
-                        p.destroy().await;
+                    if stopped {
                         return;
                     }
                 }

@@ -204,6 +204,11 @@ impl PooledTemplate {
     /// Fork ahead of the next run: see [`PooledTemplate::fork`]. Taken by
     /// [`PooledTemplate::take_prepared`].
     pub async fn prepare(&mut self, spec: &ChildSpec, library: &std::fs::File) -> Result<(), Error> {
+        // Its imports done, the template and its forks have full CPU weight from now
+        // on: a fork ahead is milliseconds of CPU, and at the least weight it starved
+        // behind cold sandboxes under load until its template was given up (5 s to
+        // reap the last fork, 10 s to enter the next).
+        self.slot.cg.set_idle(false)?;
         let forked = self.fork(spec, library).await?;
         self.prepared = Some(forked);
         Ok(())
@@ -236,10 +241,6 @@ impl PooledTemplate {
 
     /// Send the fork request; the template forks at once.
     async fn request_fork(&mut self, spec: &ChildSpec, library: &std::fs::File) -> Result<PendingFork, Error> {
-        // At full CPU weight: a fork ahead is milliseconds of CPU, and at the least
-        // weight it starved behind cold sandboxes under load until its template was
-        // given up (5 s to reap the last fork, 10 s to enter the next).
-        self.slot.cg.set_idle(false)?;
         let (out_r, out_w) = pipe().map_err(Error::Control)?;
         let (err_r, err_w) = pipe().map_err(Error::Control)?;
         let (report_r, report_w) = pipe().map_err(Error::Control)?;
@@ -313,7 +314,6 @@ impl PooledTemplate {
             owner_uid: owner,
             owner_gid: owner,
         };
-        self.slot.cg.set_idle(false)?;
         self.ask_helper(&HelperRequest::Attach(req), "attached").await
     }
 

@@ -118,8 +118,13 @@ impl State {
 }
 
 /// Hand `t`, a template of `policy` ready for a run, to the first run waiting for
-/// one (counted as taken), or put it with the idle ones.
+/// one (counted as taken), or put it with the idle ones; once the pool stopped,
+/// with those its shutdown destroys (a task spawned now might never run).
 pub(super) fn place(st: &mut State, policy: &str, mut t: PooledTemplate) {
+    if st.stopped {
+        st.retiring.push(t);
+        return;
+    }
     let now = tokio::time::Instant::now();
     while let Some(waiter) = st.waiters.get_mut(policy).and_then(VecDeque::pop_front) {
         if waiter.is_closed() {
