@@ -382,8 +382,14 @@ def packages(args):
         subprocess.run(["cp", "-a", str(first_daemon.state / "mnt" / "rootfs") + "/.", str(rootfs)], check=True)
         # The baseline trusts what the host trusts (a TLS-inspecting proxy's CA too).
         shutil.copy("/etc/ssl/certs/ca-certificates.crt", rootfs / "tmp" / "host-ca.pem")
+        # ... and resolves names as the host does (the image's resolv.conf is empty:
+        # sandboxes have no DNS, the proxy resolves for them).
+        (rootfs / "etc" / "resolv.conf").unlink(missing_ok=True)
+        shutil.copy("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
         chroot = shutil.which("chroot") or "/usr/sbin/chroot"
-        env = {**BARE_ENV, "PIP_CERT": "/tmp/host-ca.pem", "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        env = {**BARE_ENV, "PIP_CERT": "/tmp/host-ca.pem", "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+               # Not the image's pip.conf, which installs into a session's layer (--prefix).
+               "PIP_CONFIG_FILE": "/dev/null"}
         for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
             if os.environ.get(k):
                 env[k] = os.environ[k]

@@ -29,6 +29,7 @@ mix in which each client goes round print(1), a pandas computation and the plot.
 import argparse
 import concurrent.futures
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -82,10 +83,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="rounds per workload (each system once per round)")
     ap.add_argument("--only", choices=sorted(LOADS), action="append", help="measure only these workloads")
     ap.add_argument("--log", metavar="FILE", help="keep the pooled daemon's log there")
+    ap.add_argument("--template-runs", type=int, metavar="N",
+                    help="the pooled daemon's default policy with template_runs = N (what retiring templates costs)")
     args = ap.parse_args()
 
     off = Daemon(scratch_dir("bench-load-off-"), args=["--pool-size", "0"]).start()
-    pooled = Daemon(scratch_dir("bench-load-")).start()
+    policies = None
+    if args.template_runs is not None:
+        text = (Path(__file__).resolve().parents[1] / "policies" / "default.toml").read_text()
+        text, n = re.subn(r"(?m)^template_runs = \d+$", f"template_runs = {args.template_runs}", text)
+        if n != 1:
+            raise SystemExit("policies/default.toml has no `template_runs = N` line to change")
+        policies = {"default": text}
+    pooled = Daemon(scratch_dir("bench-load-"), policies=policies).start()
     copy_base = scratch_dir("bench-load-rootfs-")
     rows = {}
     try:

@@ -188,6 +188,27 @@ def test_a_package_over_the_quota_or_the_time_limit_fails_and_leaves_the_layer_a
         assert run(c, quick, "import sympy")["status"] == "error"
 
 
+# docopt 0.6.2 is published as a source distribution only.
+DOCOPT = "docopt==0.6.2"
+
+
+def test_a_package_without_a_wheel_is_refused_by_name_unless_the_policy_builds_from_source(fresh_daemon):
+    d = fresh_daemon(policies={"builds": "source_builds = true\ninstall_timeout_s = 240\n"})
+    with d.http() as c:
+        sid = new_session(c)
+        r = install(c, sid, [DOCOPT], expect=422)
+        message = r["error"]["message"]
+        assert message.startswith(f"installing {DOCOPT} failed:") and "docopt" in message, message
+        assert "docopt==0.6.2 has no usable wheels" in message, message
+        assert message.endswith("nothing was installed, the session's packages are as they were"), message
+        assert run(c, sid, "import docopt")["status"] == "error"
+        # A policy that builds from source: the build runs in the session's sandbox.
+        builds = new_session(c, policy="builds")
+        install(c, builds, [DOCOPT])
+        out = run(c, builds, "import docopt; print(docopt.__version__)")
+        assert out["stdout"] == "0.6.2\n", out
+
+
 def test_sandboxctl_pip_install(daemon):
     with daemon.http() as c:
         sid = new_session(c)

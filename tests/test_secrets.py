@@ -26,7 +26,7 @@ POLICY = """
 description = "A secret for the api test host."
 timeout_s = 30
 network = "allowlist"
-allow_hosts = ["api.test.example", "data.test.example"]
+allow_hosts = ["api.test.example", "data.test.example", "untrusted.test.example"]
 allow_ports = [80, 443]
 packages_mb = 0
 
@@ -148,6 +148,41 @@ print(json.dumps({
     assert test_hosts.requests("data.test.example", path="/steal", scheme="http") == []
     assert out["plain"]["status"] == 200
     assert [r["code"] for r in result["usage"]["net"]["refused"]] == ["secret_not_allowed"]
+
+
+def test_a_secrets_host_is_checked_against_the_hosts_bundle_before_the_value_goes(d, test_hosts):
+    """The proxy ends the sandbox's TLS for a secret's host and opens its own to the
+    host: a server the host's bundle does not vouch for never gets the value."""
+    with d.http() as c:
+        sid = c.post("/v1/sessions", json={"policy": "sec"}).json()["id"]
+        r = c.put(f"/v1/sessions/{sid}/secrets/ROGUE", json={"value": SESSION_VALUE, "hosts": ["untrusted.test.example"]})
+        assert r.status_code == 200, r.text
+        test_hosts.reset()
+        r = c.post(f"/v1/sessions/{sid}/runs", json={"code": FETCH + '''
+print(json.dumps(fetch("https://untrusted.test.example/rogue", headers={"Authorization": os.environ["ROGUE"]})))
+'''}).json()
+    assert r["status"] == "ok", r
+    out = json.loads(r["stdout"].strip().splitlines()[-1])
+    assert out["status"] == 502, out
+    assert out["reason"] == "connect_failed: untrusted.test.example:443: TLS: invalid peer certificate: UnknownIssuer", out
+    assert test_hosts.requests(host="untrusted.test.example") == []
+    assert SESSION_VALUE not in json.dumps(r)
+    assert [x["code"] for x in r["usage"]["net"]["refused"]] == ["connect_failed"], r["usage"]["net"]
+
+
+def test_the_host_ca_bundle_is_read_only_in_the_sandbox(d):
+    r = d.run("""
+import errno, os
+for path in (os.environ["SSL_CERT_FILE"], "/etc/ssl/certs/ca-certificates.crt"):
+    try:
+        open(path, "a").write("x")
+        print(path, "written")
+    except OSError as e:
+        print(path, errno.errorcode[e.errno])
+""", policy="sec")
+    assert r["status"] == "ok", r
+    lines = r["stdout"].splitlines()
+    assert len(lines) == 2 and all(l.endswith(" EROFS") for l in lines), r["stdout"]
 
 
 def test_a_sessions_own_secret_is_write_only(d, test_hosts):

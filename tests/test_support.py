@@ -152,6 +152,27 @@ print("done")
 """
 
 
+OPEN_OWN_OUTPUT = """
+import os, subprocess
+for path, text in (("/dev/stdout", "by /dev/stdout"), ("/proc/self/fd/1", "by /proc/self/fd/1"),
+                   ("/dev/stderr", "by /dev/stderr")):
+    with open(path, "w") as f:
+        f.write(text + "\\n")
+subprocess.run(["sh", "-c", "echo 'from sh' > /dev/stderr; echo 'from sh' >/dev/stdout"], check=True)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_run_opens_its_own_output_by_name(modes, mode):
+    """`/dev/stdout`, `/dev/stderr` and `/proc/self/fd/N` open the run's output, as in
+    a plain process (a shell's `echo x > /dev/stderr` does this): the pipes are the
+    sandbox user's, not host root's."""
+    r = modes(mode)(OPEN_OWN_OUTPUT)
+    assert r["status"] == "ok", r
+    assert r["stdout"] == "by /dev/stdout\nby /proc/self/fd/1\nfrom sh\n", r
+    assert r["stderr"] == "by /dev/stderr\nfrom sh\n", r
+
+
 def test_a_pooled_runners_own_failure_says_why_on_stderr(modes):
     run = modes("pooled")
     r = run(BREAKS_OS_CLOSE)

@@ -45,8 +45,8 @@ pub struct PooledTemplate {
     /// A run counted more than [`super::PIDS_KEEP`] tasks: the template is replaced, as
     /// the cgroup's task peak cannot be reset for the next run.
     pids_spent: bool,
-    /// The host uid it runs as, its alone while it lives.
-    _uid: crate::uids::Lease,
+    /// The host uid it runs as (its gid too), its alone while it lives.
+    uid: crate::uids::Lease,
 }
 
 /// A template's fork, in its own namespaces, waiting for its code: its socket has
@@ -170,7 +170,7 @@ impl PooledTemplate {
                 prepared: None,
                 served: 0,
                 pids_spent: false,
-                _uid: uid,
+                uid,
             }),
             Err(e) => {
                 sandboxes.release(slot).await;
@@ -241,8 +241,9 @@ impl PooledTemplate {
 
     /// Send the fork request; the template forks at once.
     async fn request_fork(&mut self, spec: &ChildSpec, library: &std::fs::File) -> Result<PendingFork, Error> {
-        let (out_r, out_w) = pipe().map_err(Error::Control)?;
-        let (err_r, err_w) = pipe().map_err(Error::Control)?;
+        // Its forks run as its own host ids (plan::template_spec: gid = uid).
+        let (out_r, out_w) = process::output_pipe(self.uid.uid, self.uid.uid).map_err(Error::Control)?;
+        let (err_r, err_w) = process::output_pipe(self.uid.uid, self.uid.uid).map_err(Error::Control)?;
         let (report_r, report_w) = pipe().map_err(Error::Control)?;
         let (program, theirs) = socket_pair().map_err(Error::Control)?;
         let fds = ForkFds {

@@ -49,6 +49,18 @@ pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Into::into)
 }
 
+/// A pipe for a sandbox's output, owned by the host ids the sandbox user maps to.
+/// A pipe's inode is its maker's (host root, mode 0600): inside, opening it again
+/// by name (`/dev/stdout`, `/proc/self/fd/1`, which a shell's `echo x > /dev/stderr`
+/// does) found it owned by an unmapped user, and failed with EACCES. Owned by the
+/// sandbox's own ids it opens as it would in a plain process; nothing else of the
+/// host can reach it (it has no name, only fds).
+pub fn output_pipe(uid: u32, gid: u32) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = pipe()?;
+    nix::unistd::fchown(&w, Some(nix::unistd::Uid::from_raw(uid)), Some(nix::unistd::Gid::from_raw(gid)))?;
+    Ok((r, w))
+}
+
 /// A connected pair of stream sockets: the daemon's end (non-blocking, for tokio)
 /// and the other.
 pub fn socket_pair() -> std::io::Result<(tokio::net::UnixStream, std::os::unix::net::UnixStream)> {

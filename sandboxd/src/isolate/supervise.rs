@@ -11,7 +11,7 @@ use super::drive::{Drive, Kill, Target};
 use super::fdstream::FdStream;
 use super::message::{Event, Exit, HelperFds, Report, RunClaim, Stream};
 use super::output::{self, Captured, Chunk};
-use super::process::{pipe, socket_pair};
+use super::process::{output_pipe, socket_pair};
 use super::slot;
 use super::spec::SandboxSpec;
 use crate::model::run::RunUsage;
@@ -301,8 +301,8 @@ impl Launched {
 /// Have the slot fork a helper for `spec` and send it the spec.
 pub async fn launch(slot: &slot::Slot, spec: &SandboxSpec, stdin: Option<&OwnedFd>) -> Result<Launched, Error> {
     let (ours, theirs) = socket_pair().map_err(Error::Control)?;
-    let (out_r, out_w) = pipe().map_err(Error::Control)?;
-    let (err_r, err_w) = pipe().map_err(Error::Control)?;
+    let (out_r, out_w) = output_pipe(spec.host_uid, spec.host_gid).map_err(Error::Control)?;
+    let (err_r, err_w) = output_pipe(spec.host_uid, spec.host_gid).map_err(Error::Control)?;
     let theirs = OwnedFd::from(theirs);
     let fds = HelperFds {
         control: theirs.as_fd(),
