@@ -128,7 +128,7 @@ print(json.dumps({
     assert {x["code"] for x in r["usage"]["net"]["refused"]} == {"secret_not_allowed", "answer_refused"}
 
 
-def test_the_placeholder_sent_to_another_host_is_refused(d, test_hosts):
+def test_the_placeholder_sent_to_another_host_is_refused_where_the_proxy_reads_it(d, test_hosts):
     test_hosts.reset()
     out, result = run(d, '''
 print(json.dumps({

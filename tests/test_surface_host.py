@@ -181,6 +181,10 @@ def check_modes(d, sid, uid):
         assert mode_owner(images / image) == (0o600, 0, 0), image
     assert mode_owner(state / "mnt") == (0o711, 0, 0)
     assert mode_owner(state / "mnt" / "rootfs") == (0o755, 0, 0)
+    # The blank images new ones are copied from: root's alone.
+    blanks = state / "blank-images"
+    assert mode_owner(blanks) == (0o700, 0, 0)
+    assert os.listdir(blanks) and all(mode_owner(blanks / b) == (0o600, 0, 0) for b in os.listdir(blanks))
     # Nothing else below the state directory is for others: no file readable or
     # writable by them, no directory listable (the workspaces' and the rootfs's
     # contents are behind 0700 and public, respectively).
@@ -217,6 +221,33 @@ def test_state_files_are_root_and_the_sessions_alone(fresh_daemon):
                    str(sdir): "EACCES", str(sdir / "data"): "ok"}, own
     r = d.run("print(open('up.txt').read())", session_id=sid)
     assert r["status"] == "ok" and r["stdout"] == "secret\n", r
+
+
+def test_a_new_sessions_images_are_their_own_empty_filesystems_holding_little_on_the_host(fresh_daemon):
+    """Images are sparse copies of one blank per size: each session's is a filesystem
+    of its own (a write in one is not in another, nor in the blank), its root the
+    session's, empty, and it holds on the host what its filesystem wrote, not its
+    journal's size."""
+    d = fresh_daemon(args=["--pool-size", "0"])
+    with d.http() as c:
+        a, b = new_session(c), new_session(c)
+        assert c.put(f"/v1/sessions/{a}/files/only-a.txt", content=b"a").status_code in (200, 201)
+        listing = c.get(f"/v1/sessions/{b}/files").json()
+    assert listing == [], listing
+    for sid in (a, b):
+        sdir = d.state / "sessions" / sid
+        uid = d.session_uid(sid)
+        for image, root in (("workspace.img", "data"), ("packages.img", "packages")):
+            st = os.stat(sdir / image)
+            assert st.st_blocks * 512 < 4 << 20, (image, st.st_blocks * 512)
+            assert mode_owner(sdir / root) == (0o700, uid, uid), (sid, root)
+        assert os.listdir(sdir / "packages") == []
+    assert os.listdir(d.state / "sessions" / b / "data") == []
+    # The blanks: one per size, written by nothing since mkfs.
+    blanks = sorted(os.listdir(d.state / "blank-images"))
+    assert blanks == ["ext4-134217728.img", "ext4-67108864.img"], blanks
+    r = d.run("import os; print(sorted(os.listdir('.')))", session_id=a)
+    assert r["stdout"] == "['only-a.txt']\n", r
 
 
 def test_wider_modes_left_by_an_earlier_version_are_fixed_at_start(fresh_daemon):

@@ -219,7 +219,7 @@ impl Manager {
             token_max_runs: max_sessions,
             epochs: AtomicU64::new(1),
             teardown_deadline: TEARDOWN_DEADLINE,
-            storage: Arc::new(storage::LoopImages),
+            storage: Arc::new(storage::LoopImages::new(state_dir.join("blank-images"))),
             policy_secrets: secrets::PolicySecrets::new(),
             making_layer: tokio::sync::Mutex::new(()),
         })
