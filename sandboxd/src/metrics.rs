@@ -77,6 +77,7 @@ pub struct Metrics {
     egress_refusals: Family<Labels, Counter>,
     egress_bytes: Family<Labels, Counter>,
     package_cache: Family<Labels, Counter>,
+    index_pages: Family<Labels, Counter>,
     package_installs: Family<Labels, Counter>,
 }
 
@@ -94,6 +95,7 @@ impl Default for Metrics {
             egress_refusals: Family::default(),
             egress_bytes: Family::default(),
             package_cache: Family::default(),
+            index_pages: Family::default(),
             package_installs: Family::default(),
         }
     }
@@ -165,6 +167,13 @@ impl Metrics {
         self.package_cache.get_or_create(&vec![("result", result.to_string())]).inc();
     }
 
+    /// A package index page was asked for: answered from memory (`hit`), or
+    /// fetched from the index (`miss`, kept if it may be).
+    pub fn index_page(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.index_pages.get_or_create(&vec![("result", result.to_string())]).inc();
+    }
+
     /// A package install ended (`ok`, `failed`, `timeout`).
     pub fn package_install(&self, status: &str) {
         self.package_installs.get_or_create(&vec![("status", status.to_string())]).inc();
@@ -203,6 +212,11 @@ impl Metrics {
             "package_cache_requests",
             "Package files asked of the daemon's cache, by result (hit: served from it; miss: fetched and kept)",
             self.package_cache.clone(),
+        );
+        reg.register(
+            "package_index_pages",
+            "Package index pages asked for, by result (hit: answered from the daemon's memory while fresh; miss: fetched from the index)",
+            self.index_pages.clone(),
         );
         reg.register("package_installs", "Package installs, by status", self.package_installs.clone());
 

@@ -81,16 +81,27 @@ fn is_module_name(name: &str) -> bool {
 
 /// The host of an index URL (`http://` or `https://`), if it is one.
 pub fn index_host(url: &str) -> Option<rules::Host> {
-    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"))?;
+    index_authority(url).map(|(host, _, _)| host)
+}
+
+/// The host, port and scheme (`true`: https) of an index URL, if it is one.
+pub fn index_authority(url: &str) -> Option<(rules::Host, u16, bool)> {
+    let (rest, tls) = match url.strip_prefix("https://") {
+        Some(rest) => (rest, true),
+        None => (url.strip_prefix("http://")?, false),
+    };
     let authority = rest.split(['/', '?', '#']).next()?;
     if authority.contains('@') {
         return None;
     }
-    let host = match authority.rsplit_once(':') {
-        Some((h, port)) if !h.ends_with(':') && port.parse::<u16>().is_ok() && !authority.ends_with(']') => h,
-        _ => authority,
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, port)) if !h.ends_with(':') && !authority.ends_with(']') => match port.parse::<u16>() {
+            Ok(p) => (h, p),
+            Err(_) => (authority, if tls { 443 } else { 80 }),
+        },
+        _ => (authority, if tls { 443 } else { 80 }),
     };
-    rules::Host::parse(host).ok()
+    Some((rules::Host::parse(host).ok()?, port, tls))
 }
 
 /// Whether `name` may name a secret's variable: a plain environment name, not
@@ -393,6 +404,12 @@ mod tests {
         assert_eq!(h("https://[2001:db8::1]:8443/simple"), Some("[2001:db8::1]".into()));
         assert_eq!(h("pypi.org/simple"), None);
         assert_eq!(h("https://user@pypi.org/"), None);
+        let a = |u: &str| index_authority(u).map(|(h, port, tls)| (h.text(), port, tls));
+        assert_eq!(a("https://pypi.org/simple"), Some(("pypi.org".into(), 443, true)));
+        assert_eq!(a("http://mirror.example/simple/"), Some(("mirror.example".into(), 80, false)));
+        assert_eq!(a("https://mirror.example:8443/simple"), Some(("mirror.example".into(), 8443, true)));
+        assert_eq!(a("https://[2001:db8::1]:8443/simple"), Some(("[2001:db8::1]".into(), 8443, true)));
+        assert_eq!(a("https://mirror.example:http/simple"), None);
     }
 
     #[test]

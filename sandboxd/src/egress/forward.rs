@@ -15,6 +15,7 @@
 use super::bodies::{Refused, Rewritten, Teed};
 use super::cache::{self, Digest32};
 use super::connect;
+use super::pages;
 use super::rules::{code, Host, Refusal};
 use super::secrets::{Rewriter, Secrets};
 use super::serve::Conn;
@@ -142,7 +143,10 @@ where
                         let mut upstream = upstream.lock().await;
                         match from_cache(&conn, &target, &prepared).await {
                             Some(cached) => cached,
-                            None => send(&conn, &target, &mut upstream, prepared).await,
+                            None => match from_pages(&conn, &target, &prepared) {
+                                Some(page) => page,
+                                None => send(&conn, &target, &mut upstream, prepared).await,
+                            },
                         }
                     }
                 };
@@ -175,6 +179,9 @@ struct Prepared {
     head: bool,
     /// The sandbox's share of bodies held whole, while this one is.
     held: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// An index page's key ([`pages`]), and the sandbox's own `If-None-Match`
+    /// (the request goes without it, so that its answer can be kept).
+    page: Option<(pages::Key, HeaderMap)>,
 }
 
 /// The sandbox's request as it goes to `target`: see the module's notes.
@@ -195,10 +202,25 @@ async fn prepare(conn: &Arc<Conn>, target: &Target, req: Request<Incoming>) -> R
     let uri: hyper::Uri =
         path.parse().map_err(|_| Refusal::new(code::BAD_REQUEST, "the request's path is not a valid one"))?;
 
+    let page = match conn.egress.pages_for(&conn.tenant, host, target.port) {
+        Some(_) if !carries => pages::key(&parts.method, tls, &target.shown(), &path, &parts.headers),
+        _ => None,
+    };
     let mut headers = HeaderMap::new();
     let mut in_headers = secrets.outgoing(host, SecretPlace::Headers, tls);
     let mut skip = hop_by_hop(&parts.headers);
     skip.push(header::HOST);
+    let mut conditional = HeaderMap::new();
+    if page.is_some() {
+        // Asked whole and as written: an answer any session could be given.
+        for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE, header::ACCEPT_ENCODING] {
+            for value in parts.headers.get_all(&name) {
+                conditional.append(name.clone(), value.clone());
+            }
+            skip.push(name);
+        }
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
     if carries {
         // A part of an answer is a part of what the host holds, which may be a
         // value it was sent: a secret's host answers whole, and rewritten whole.
@@ -263,7 +285,8 @@ async fn prepare(conn: &Arc<Conn>, target: &Target, req: Request<Incoming>) -> R
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
     let incoming = secrets.incoming(host);
-    Ok(Prepared { request, secrets, incoming, digest, ranged, head, held })
+    let page = page.map(|key| (key, conditional));
+    Ok(Prepared { request, secrets, incoming, digest, ranged, head, held, page })
 }
 
 /// The headers a proxy does not pass on: hop-by-hop ones, proxy ones, and those
@@ -343,7 +366,7 @@ async fn open(conn: &Conn, target: &Target) -> Result<hyper::client::conn::http1
 /// Send `prepared` to `target` and answer with what it answers.
 async fn send(conn: &Arc<Conn>, target: &Target, upstream: &mut Upstream, prepared: Prepared) -> Response<Body> {
     let shown = target.shown();
-    let Prepared { request, secrets, incoming, digest, ranged, head, held } = prepared;
+    let Prepared { request, secrets, incoming, digest, ranged, head, held, page } = prepared;
     let sender = match upstream.ready(conn, target).await {
         Ok(s) => s,
         Err(why) => return conn.refuse(&shown, why),
@@ -410,7 +433,26 @@ async fn send(conn: &Arc<Conn>, target: &Target, upstream: &mut Upstream, prepar
             body = Teed::new(body, writer).boxed();
         }
     }
+    if let (Some((key, _)), Some(pages)) = (page, conn.egress.pages_for(&conn.tenant, &target.host, target.port)) {
+        crate::metrics::global().index_page(false);
+        if let Some(fresh_for) = pages::freshness(parts.status, &parts.headers) {
+            body = pages::Kept::new(body, pages.clone(), key, &parts.headers, fresh_for).boxed();
+        }
+    }
     Response::from_parts(parts, body)
+}
+
+/// An index page answered from memory while fresh ([`pages`]).
+fn from_pages(conn: &Conn, target: &Target, prepared: &Prepared) -> Option<Response<Body>> {
+    let (key, conditional) = prepared.page.as_ref()?;
+    let now = tokio::time::Instant::now();
+    let page = conn.egress.pages_for(&conn.tenant, &target.host, target.port)?.get(key, now)?;
+    let response = page.answer(conditional, now);
+    let bytes = if response.status() == StatusCode::OK { page.len() as u64 } else { 0 };
+    conn.usage.from_cache(bytes);
+    crate::metrics::global().index_page(true);
+    tracing::debug!(session_id = %conn.tenant.session, run_id = %conn.run_id, host = %target.host.text(), path = %prepared.request.uri().path(), status = response.status().as_u16(), bytes, "package index page answered from memory");
+    Some(response)
 }
 
 /// Whether an answer of a secret's host can be looked through for the secrets'

@@ -28,6 +28,7 @@ mod bodies;
 pub mod cache;
 pub mod connect;
 mod forward;
+mod pages;
 pub mod rules;
 pub mod secrets;
 mod serve;
@@ -85,6 +86,8 @@ pub struct Egress {
     bundle_path: PathBuf,
     cache: Option<Arc<cache::Cache>>,
     cache_hosts: Vec<rules::Host>,
+    /// The package indexes' pages kept while fresh, with the cache ([`pages`]).
+    pages: Option<Arc<pages::Pages>>,
     upstream: connect::Upstream,
     /// The host's own addresses, refused like loopback, looked up again every few
     /// seconds.
@@ -108,6 +111,7 @@ impl Egress {
             )),
         };
         let cache_hosts = config.cache_hosts.iter().filter_map(|h| rules::Host::parse(h).ok()).collect();
+        let pages = cache.as_ref().map(|_| Arc::new(pages::Pages::default()));
         let upstream = connect::Upstream::from_env();
         if let Some(via) = upstream.describe() {
             tracing::info!(%via, "the egress proxy goes out through the daemon's own outbound proxy");
@@ -117,6 +121,7 @@ impl Egress {
             bundle_path,
             cache,
             cache_hosts,
+            pages,
             upstream,
             local: Mutex::new((None, Arc::default())),
         }))
@@ -150,6 +155,12 @@ impl Egress {
     /// Does the cache keep files of `host`?
     fn caches(&self, host: &rules::Host) -> bool {
         self.cache.is_some() && self.cache_hosts.contains(host)
+    }
+
+    /// The pages kept of `host:port`, if it is `tenant`'s package index (over
+    /// TLS) and the cache is on. The proxy then ends TLS for it.
+    fn pages_for(&self, tenant: &Tenant, host: &rules::Host, port: u16) -> Option<&Arc<pages::Pages>> {
+        self.pages.as_ref().filter(|_| tenant.index.as_ref().is_some_and(|(h, p)| h == host && *p == port))
     }
 
     /// The host's own addresses (refreshed every [`LOCAL_ADDRESSES_FOR`]).
@@ -237,6 +248,9 @@ pub struct Tenant {
     /// Name lookups at once ([`connect::TENANT_LOOKUPS`]): one sandbox asking for
     /// names whose servers never answer holds these, not the daemon's.
     pub lookups: Arc<tokio::sync::Semaphore>,
+    /// Its policy's package index (`index_url`'s host and port, over TLS) when it
+    /// installs packages: its pages are kept ([`pages`]).
+    index: Option<(rules::Host, u16)>,
 }
 
 /// What a [`Tenant`] serves now.
@@ -252,8 +266,15 @@ struct Current {
 pub const BODIES_KIB: usize = 8 * 1024;
 
 impl Tenant {
-    pub fn new(session: &str, rules: Rules, secrets: Arc<Live>, run_id: &str) -> Arc<Tenant> {
+    pub fn new(
+        session: &str,
+        rules: Rules,
+        secrets: Arc<Live>,
+        run_id: &str,
+        index: Option<(rules::Host, u16)>,
+    ) -> Arc<Tenant> {
         Arc::new(Tenant {
+            index,
             session: session.to_string(),
             rules,
             secrets,

@@ -44,7 +44,13 @@ pub(super) async fn accept(egress: Arc<Egress>, listener: OwnedFd, tenant: Arc<T
     loop {
         while connections.try_join_next().is_some() {}
         let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                // The proxy answers in small writes (a TLS record, a header block):
+                // with Nagle's algorithm each waited out the sandbox's delayed ACK,
+                // ~40 ms per answer from the package cache.
+                let _ = stream.set_nodelay(true);
+                stream
+            }
             Err(e) => {
                 // Out of fds (the daemon's, not the sandbox's fault): wait, go on.
                 tracing::warn!(session_id = %tenant.session, error = %e, "accepting a sandbox's egress connection failed");
@@ -206,7 +212,9 @@ async fn tunnel(conn: &Arc<Conn>, mut req: Request<Incoming>) -> Response<Body> 
         Ok(t) => t,
         Err(why) => return conn.refuse(&shown, why),
     };
-    let look_into = conn.tenant.secrets().for_host(&host) || conn.egress.caches(&host);
+    let look_into = conn.tenant.secrets().for_host(&host)
+        || conn.egress.caches(&host)
+        || conn.egress.pages_for(&conn.tenant, &host, port).is_some();
     let on_upgrade = hyper::upgrade::on(&mut req);
     let work: BoxFuture<'static, ()> = if look_into {
         let acceptor = match conn.egress.tls.acceptor(&host) {

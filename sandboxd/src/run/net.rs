@@ -40,7 +40,11 @@ impl Net {
             .map_err(|e| Error::internal("reading the policy's allow_hosts", e))?;
         let secrets = lease.secrets();
         let env = secrets.get().environment();
-        Ok(Some(Net { tenant: Tenant::new(&lease.id, rules, secrets, run_id), egress, env }))
+        // Its package index's pages are kept while fresh (over TLS only).
+        let index = crate::policy::index_authority(&policy.index_url)
+            .filter(|(_, _, tls)| *tls && policy.packages_enabled())
+            .map(|(host, port, _)| (host, port));
+        Ok(Some(Net { tenant: Tenant::new(&lease.id, rules, secrets, run_id, index), egress, env }))
     }
 
     /// What the run did through the proxy, in its usage; its refusals on its stderr
