@@ -248,6 +248,25 @@ def test_a_new_sessions_images_are_their_own_empty_filesystems_holding_little_on
     assert blanks == ["ext4-134217728.img", "ext4-67108864.img"], blanks
     r = d.run("import os; print(sorted(os.listdir('.')))", session_id=a)
     assert r["stdout"] == "['only-a.txt']\n", r
+    # A blank that is not as the daemon makes them (another length, others may read
+    # it, a second name) is never copied: it is made again.
+    d.stop()
+    blank = d.state / "blank-images" / "ext4-134217728.img"
+    with open(blank, "r+b") as f:
+        f.truncate(64 << 20)
+    os.chmod(blank, 0o644)
+    os.link(blank, d.state / "blank-images" / "second-name")
+    os.chmod(d.state / "blank-images", 0o755)
+    d.start()
+    with d.http() as c:
+        c_sid = new_session(c)
+        assert c.get(f"/v1/sessions/{c_sid}/files").json() == []
+    st = os.stat(blank)
+    assert (stat.S_IMODE(st.st_mode), st.st_nlink, st.st_size) == (0o600, 1, 128 << 20)
+    assert mode_owner(d.state / "blank-images") == (0o700, 0, 0)
+    r = d.run("open('x', 'w').write('x' * 100_000); import os; print(os.statvfs('.').f_blocks * os.statvfs('.').f_frsize >> 20)",
+              session_id=c_sid)
+    assert r["status"] == "ok" and 100 <= int(r["stdout"]) <= 128, r
 
 
 def test_wider_modes_left_by_an_earlier_version_are_fixed_at_start(fresh_daemon):

@@ -227,21 +227,32 @@ pub trait Storage: Send + Sync {
 /// The real workspaces and package layers: loop-mounted ext4 images (see the
 /// module's notes), copied from the blanks of their sizes.
 pub struct LoopImages {
-    blanks: Blanks,
+    blanks: std::sync::Arc<Blanks>,
 }
 
 impl LoopImages {
     /// Images whose blanks are kept in `blanks_dir` (made at first use).
     pub fn new(blanks_dir: PathBuf) -> LoopImages {
-        LoopImages { blanks: Blanks::new(blanks_dir) }
+        LoopImages { blanks: std::sync::Arc::new(Blanks::new(blanks_dir)) }
     }
+}
+
+/// Run `made` to its end even if its caller goes away (a client that hung up):
+/// an image copied and mounted but not yet given to the session's uid would stay
+/// mounted with root's root.
+async fn whole<F>(made: F) -> io::Result<()>
+where
+    F: std::future::Future<Output = io::Result<()>> + Send + 'static,
+{
+    tokio::spawn(made).await.map_err(io::Error::other)?
 }
 
 impl Storage for LoopImages {
     fn create<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
             restrict_dir(session_dir, uid)?;
-            create(&self.blanks, session_dir, size_bytes, uid).await
+            let (blanks, dir) = (self.blanks.clone(), session_dir.to_path_buf());
+            whole(async move { create(&blanks, &dir, size_bytes, uid).await }).await
         })
     }
 
@@ -266,7 +277,8 @@ impl Storage for LoopImages {
     }
 
     fn create_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
-        Box::pin(create_layer(&self.blanks, session_dir, size_bytes, uid))
+        let (blanks, dir) = (self.blanks.clone(), session_dir.to_path_buf());
+        Box::pin(whole(async move { create_layer(&blanks, &dir, size_bytes, uid).await }))
     }
 }
 
