@@ -12,11 +12,13 @@
 //! - `CONNECT host:port` ([`serve`]): the host and port are checked against the
 //!   policy, the name is resolved by the daemon and every address checked
 //!   ([`connect`]), and the bytes are relayed to a connection made to a checked
-//!   address once the tunnel's TLS asks for that same host ([`sni`]); or, for a host that carries one of the session's secrets or is the
-//!   package cache's, TLS is terminated with the daemon's CA ([`tls`]) and each
-//!   request forwarded ([`forward`]) over a verified connection to the real host,
-//!   the secrets put in ([`secrets`]) and the index's files served from or kept in
-//!   the cache ([`cache`]);
+//!   address once the tunnel's TLS asks for that same host ([`sni`]); or, for a
+//!   host that carries one of the session's secrets, is the package cache's, or
+//!   is the session's own package index, TLS is terminated with the daemon's CA
+//!   ([`tls`]) and each request forwarded ([`forward`]) over a verified connection
+//!   to the real host, the secrets put in ([`secrets`]), the index's files served
+//!   from or kept in the cache ([`cache`]) and its pages from or in memory while
+//!   fresh ([`pages`]);
 //! - a plain `http://` request, checked and forwarded the same way.
 //!
 //! A refusal is an HTTP 403 (502 when the host cannot be reached) whose status
