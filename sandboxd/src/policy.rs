@@ -91,6 +91,19 @@ pub fn index_authority(url: &str) -> Option<(rules::Host, u16, bool)> {
         None => (url.strip_prefix("http://")?, false),
     };
     let authority = rest.split(['/', '?', '#']).next()?;
+    authority_of(authority, tls)
+}
+
+/// The path of an index URL (`/simple` of `https://pypi.org/simple/`, without
+/// its last `/`; `""` for none), if it is one.
+pub fn index_path(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"))?;
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    Some(path.trim_end_matches('/').to_string())
+}
+
+fn authority_of(authority: &str, tls: bool) -> Option<(rules::Host, u16, bool)> {
     if authority.contains('@') {
         return None;
     }
@@ -410,6 +423,12 @@ mod tests {
         assert_eq!(a("https://mirror.example:8443/simple"), Some(("mirror.example".into(), 8443, true)));
         assert_eq!(a("https://[2001:db8::1]:8443/simple"), Some(("[2001:db8::1]".into(), 8443, true)));
         assert_eq!(a("https://mirror.example:http/simple"), None);
+        assert_eq!(index_path("https://pypi.org/simple/").as_deref(), Some("/simple"));
+        assert_eq!(
+            index_path("https://mirror.example:8443/root/pypi/+simple?x=1").as_deref(),
+            Some("/root/pypi/+simple")
+        );
+        assert_eq!(index_path("https://mirror.example").as_deref(), Some(""));
     }
 
     #[test]

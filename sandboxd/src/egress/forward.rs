@@ -203,7 +203,7 @@ async fn prepare(conn: &Arc<Conn>, target: &Target, req: Request<Incoming>) -> R
         path.parse().map_err(|_| Refusal::new(code::BAD_REQUEST, "the request's path is not a valid one"))?;
 
     let page = match conn.egress.pages_for(&conn.tenant, host, target.port) {
-        Some(_) if !carries => pages::key(&parts.method, tls, &target.shown(), &path, &parts.headers),
+        Some((_, prefix)) if !carries => pages::key(&parts.method, tls, &target.shown(), &path, prefix, &parts.headers),
         _ => None,
     };
     let mut headers = HeaderMap::new();
@@ -212,14 +212,13 @@ async fn prepare(conn: &Arc<Conn>, target: &Target, req: Request<Incoming>) -> R
     skip.push(header::HOST);
     let mut conditional = HeaderMap::new();
     if page.is_some() {
-        // Asked whole and as written: an answer any session could be given.
-        for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE, header::ACCEPT_ENCODING] {
+        // The index is asked what the key says and nothing else: an answer any
+        // session could be given. The sandbox's own conditions are answered here.
+        for name in [header::IF_NONE_MATCH, header::CACHE_CONTROL, header::PRAGMA] {
             for value in parts.headers.get_all(&name) {
                 conditional.append(name.clone(), value.clone());
             }
-            skip.push(name);
         }
-        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
     if carries {
         // A part of an answer is a part of what the host holds, which may be a
@@ -230,10 +229,14 @@ async fn prepare(conn: &Arc<Conn>, target: &Target, req: Request<Incoming>) -> R
         if skip.contains(name) {
             continue;
         }
+        // Looked at for placeholders whether it goes or not.
         let value = in_headers.whole(value.as_bytes()).map_err(refused(SecretPlace::Headers))?;
         let value = HeaderValue::from_bytes(&value)
             .map_err(|_| Refusal::new(code::BAD_REQUEST, format!("the header {name} cannot carry its value")))?;
         headers.append(name.clone(), value);
+    }
+    if let Some(key) = &page {
+        headers = key.upstream_headers();
     }
     let host_header = HeaderValue::from_str(&target.host_header())
         .map_err(|_| Refusal::new(code::BAD_REQUEST, "the host cannot be a Host header"))?;
@@ -433,7 +436,7 @@ async fn send(conn: &Arc<Conn>, target: &Target, upstream: &mut Upstream, prepar
             body = Teed::new(body, writer).boxed();
         }
     }
-    if let (Some((key, _)), Some(pages)) = (page, conn.egress.pages_for(&conn.tenant, &target.host, target.port)) {
+    if let (Some((key, _)), Some((pages, _))) = (page, conn.egress.pages_for(&conn.tenant, &target.host, target.port)) {
         crate::metrics::global().index_page(false);
         if let Some(fresh_for) = pages::freshness(parts.status, &parts.headers) {
             body = pages::Kept::new(body, pages.clone(), key, &parts.headers, fresh_for).boxed();
@@ -446,7 +449,8 @@ async fn send(conn: &Arc<Conn>, target: &Target, upstream: &mut Upstream, prepar
 fn from_pages(conn: &Conn, target: &Target, prepared: &Prepared) -> Option<Response<Body>> {
     let (key, conditional) = prepared.page.as_ref()?;
     let now = tokio::time::Instant::now();
-    let page = conn.egress.pages_for(&conn.tenant, &target.host, target.port)?.get(key, now)?;
+    let (pages, _) = conn.egress.pages_for(&conn.tenant, &target.host, target.port)?;
+    let page = pages.get(key, now, pages::oldest_wanted(conditional))?;
     let response = page.answer(conditional, now);
     let bytes = if response.status() == StatusCode::OK { page.len() as u64 } else { 0 };
     conn.usage.from_cache(bytes);

@@ -160,9 +160,19 @@ impl Egress {
     }
 
     /// The pages kept of `host:port`, if it is `tenant`'s package index (over
-    /// TLS) and the cache is on. The proxy then ends TLS for it.
-    fn pages_for(&self, tenant: &Tenant, host: &rules::Host, port: u16) -> Option<&Arc<pages::Pages>> {
-        self.pages.as_ref().filter(|_| tenant.index.as_ref().is_some_and(|(h, p)| h == host && *p == port))
+    /// TLS) and the cache is on, and the index's path (pages are kept below it
+    /// only). The proxy then ends TLS for it.
+    fn pages_for<'a>(
+        &'a self,
+        tenant: &'a Tenant,
+        host: &rules::Host,
+        port: u16,
+    ) -> Option<(&'a Arc<pages::Pages>, &'a str)> {
+        let pages = self.pages.as_ref()?;
+        match &tenant.index {
+            Some((h, p, prefix)) if h == host && *p == port => Some((pages, prefix.as_str())),
+            _ => None,
+        }
     }
 
     /// The host's own addresses (refreshed every [`LOCAL_ADDRESSES_FOR`]).
@@ -250,9 +260,9 @@ pub struct Tenant {
     /// Name lookups at once ([`connect::TENANT_LOOKUPS`]): one sandbox asking for
     /// names whose servers never answer holds these, not the daemon's.
     pub lookups: Arc<tokio::sync::Semaphore>,
-    /// Its policy's package index (`index_url`'s host and port, over TLS) when it
-    /// installs packages: its pages are kept ([`pages`]).
-    index: Option<(rules::Host, u16)>,
+    /// Its policy's package index (`index_url`'s host, port and path, over TLS)
+    /// when it installs packages: its pages are kept ([`pages`]).
+    index: Option<(rules::Host, u16, String)>,
 }
 
 /// What a [`Tenant`] serves now.
@@ -273,7 +283,7 @@ impl Tenant {
         rules: Rules,
         secrets: Arc<Live>,
         run_id: &str,
-        index: Option<(rules::Host, u16)>,
+        index: Option<(rules::Host, u16, String)>,
     ) -> Arc<Tenant> {
         Arc::new(Tenant {
             index,

@@ -36,6 +36,11 @@ use tokio::time::Instant;
 
 /// The longest a page is answered from memory, whatever the index says.
 pub const MAX_FRESH: Duration = Duration::from_secs(600);
+/// A request that asks for a fresh page (`no-cache`, `max-age=0`: pip's) is
+/// still answered from memory with a page fetched this recently.
+pub const REVALIDATED_WITHIN: Duration = Duration::from_secs(10);
+/// The most pages kept at once.
+pub const PAGES_MAX: usize = 4096;
 /// How long a page whose answer says nothing of its freshness is kept.
 pub const HEURISTIC_FRESH: Duration = Duration::from_secs(60);
 /// The largest page kept (numpy's JSON page is ~1 MiB).
@@ -55,15 +60,96 @@ pub struct Key {
     accept: String,
 }
 
-/// The key of a request that may be answered from memory, and its answer kept:
-/// a `GET` over TLS with no credentials, cookies or ranges.
-pub fn key(method: &Method, tls: bool, host: &str, path: &str, headers: &HeaderMap) -> Option<Key> {
-    let personal = [header::AUTHORIZATION, header::COOKIE, header::RANGE, header::IF_RANGE];
-    if method != Method::GET || !tls || personal.iter().any(|h| headers.contains_key(h)) {
+/// The headers a request may carry and still be answered from memory (or kept):
+/// what an installer sends. Anything else (credentials of any name, forwarding
+/// headers a mirror builds its links from, a body) could make the index answer one
+/// session differently from another: such a request goes to the index as it is.
+const PLAIN_REQUEST: [&str; 11] = [
+    "accept",
+    "accept-encoding",
+    "user-agent",
+    "if-none-match",
+    "if-modified-since",
+    "cache-control",
+    "pragma",
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+];
+/// The longest path, and `Accept`, a kept page's key holds.
+const KEY_PART_MAX: usize = 1024;
+
+/// The key of a request that may be answered from memory, and its answer kept: a
+/// `GET` over TLS below the index's path (`prefix`), with no body and only
+/// [`PLAIN_REQUEST`] headers, its path and `Accept` short and plain. The index is
+/// asked with [`Key::upstream_headers`] only, so the key is all it is asked.
+pub fn key(method: &Method, tls: bool, host: &str, path: &str, prefix: &str, headers: &HeaderMap) -> Option<Key> {
+    if method != Method::GET || !tls || !path.starts_with(prefix) || path.len() > KEY_PART_MAX {
         return None;
     }
-    let accept = headers.get_all(header::ACCEPT).iter().map(|v| String::from_utf8_lossy(v.as_bytes())).collect();
-    Some(Key { host: host.to_ascii_lowercase(), path: path.into(), accept })
+    if headers.keys().any(|name| !PLAIN_REQUEST.contains(&name.as_str())) {
+        return None;
+    }
+    let hop = |v: &HeaderValue| {
+        v.to_str().map(|v| {
+            v.split(',').all(|t| matches!(t.trim().to_ascii_lowercase().as_str(), "" | "keep-alive" | "close"))
+        })
+    };
+    if !headers.get_all(header::CONNECTION).iter().all(|v| hop(v).unwrap_or(false)) {
+        return None;
+    }
+    let mut accept = vec![];
+    for value in headers.get_all(header::ACCEPT) {
+        let text = value.to_str().ok()?;
+        if !text.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+            return None;
+        }
+        accept.push(text.trim());
+    }
+    let accept = accept.join(", ");
+    (accept.len() <= KEY_PART_MAX).then(|| Key { host: host.to_ascii_lowercase(), path: path.into(), accept })
+}
+
+impl Key {
+    /// All the index is asked with for this key (besides `Host`): its `Accept`,
+    /// and the answer as written.
+    pub fn upstream_headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_str(&self.accept) {
+            if !self.accept.is_empty() {
+                headers.insert(header::ACCEPT, v);
+            }
+        }
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        headers.insert(header::USER_AGENT, HeaderValue::from_static("sandboxd-egress"));
+        headers
+    }
+
+    /// What the key takes of memory.
+    fn len(&self) -> usize {
+        self.host.len() + self.path.len() + self.accept.len()
+    }
+}
+
+/// The oldest page a request's own `Cache-Control` (or `Pragma: no-cache`) lets
+/// be answered from memory, if it says: never younger than [`REVALIDATED_WITHIN`],
+/// so installs at once share one fetch.
+pub fn oldest_wanted(request: &HeaderMap) -> Option<Duration> {
+    let mut oldest: Option<Duration> = None;
+    let mut tighten = |d: Duration| oldest = Some(oldest.map_or(d, |o| o.min(d)));
+    for directive in request.get_all(header::CACHE_CONTROL).iter().flat_map(|v| v.to_str().unwrap_or("").split(',')) {
+        let directive = directive.trim().to_ascii_lowercase();
+        match directive.split_once('=') {
+            Some(("max-age", n)) => tighten(Duration::from_secs(n.trim_matches('"').parse().unwrap_or(0))),
+            None if directive == "no-cache" => tighten(Duration::ZERO),
+            _ => {}
+        }
+    }
+    if request.get_all(header::PRAGMA).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache")) {
+        tighten(Duration::ZERO);
+    }
+    oldest.map(|o| o.max(REVALIDATED_WITHIN))
 }
 
 /// How long an answer with these `status` and `headers` may be kept: what its
@@ -80,15 +166,24 @@ pub fn freshness(status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
     if coded || varies {
         return None;
     }
-    let mut max_age = None;
+    if headers.get_all(header::PRAGMA).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache")) {
+        return None;
+    }
+    let (mut max_age, mut shared) = (None, None);
     for directive in headers.get_all(header::CACHE_CONTROL).iter().flat_map(|v| v.to_str().unwrap_or("").split(',')) {
         let directive = directive.trim().to_ascii_lowercase();
         match directive.split_once('=') {
-            Some(("max-age", n)) => max_age = n.trim_matches('"').parse::<u64>().ok(),
-            None if matches!(directive.as_str(), "private" | "no-store" | "no-cache") => return None,
+            Some(("max-age", n)) => max_age = Some(n.trim_matches('"').parse::<u64>().ok()?),
+            // This is a shared cache: its own word comes first.
+            Some(("s-maxage", n)) => shared = Some(n.trim_matches('"').parse::<u64>().ok()?),
+            Some(("no-cache" | "private", _)) => return None,
+            None if matches!(directive.as_str(), "private" | "no-store" | "no-cache" | "must-understand") => {
+                return None
+            }
             _ => {}
         }
     }
+    let max_age = shared.or(max_age);
     let age: u64 = headers.get(header::AGE).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0);
     let max_age = match max_age {
         Some(n) => n,
@@ -106,6 +201,7 @@ pub fn freshness(status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
 pub struct Page {
     body: Bytes,
     headers: Vec<(header::HeaderName, HeaderValue)>,
+    fetched: Instant,
     until: Instant,
 }
 
@@ -142,6 +238,11 @@ impl Page {
     pub fn len(&self) -> usize {
         self.body.len()
     }
+
+    /// What it takes of memory, with its key.
+    fn held(&self, key: &Key) -> usize {
+        self.body.len() + key.len() + self.headers.iter().map(|(n, v)| n.as_str().len() + v.len()).sum::<usize>()
+    }
 }
 
 /// The pages kept, by key.
@@ -157,33 +258,44 @@ struct Held {
 }
 
 impl Pages {
-    /// The page kept for `key`, if it is still fresh (a stale one goes).
-    pub fn get(&self, key: &Key, now: Instant) -> Option<Arc<Page>> {
+    /// The page kept for `key`, if it is still fresh and, when the request says
+    /// how old a page it takes (`oldest`, [`oldest_wanted`]), no older (a stale
+    /// page goes).
+    pub fn get(&self, key: &Key, now: Instant, oldest: Option<Duration>) -> Option<Arc<Page>> {
         let mut held = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (page, _) = held.pages.get(key)?;
         if page.until > now {
-            return Some(page.clone());
+            let young = oldest.is_none_or(|o| now.saturating_duration_since(page.fetched) <= o);
+            return young.then(|| page.clone());
         }
         if let Some((gone, _)) = held.pages.remove(key) {
-            held.bytes -= gone.body.len();
+            held.bytes -= gone.held(key);
         }
         None
     }
 
-    /// Keep `page` under `key` (instead of any earlier one), within [`HELD_MAX`]:
-    /// the pages kept longest ago go first.
+    /// Keep `page` under `key` (instead of any earlier one), within [`HELD_MAX`]
+    /// bytes and [`PAGES_MAX`] pages, keys and headers counted: stale pages go
+    /// first, then those kept longest ago.
     fn insert(&self, key: Key, page: Page, now: Instant) {
         let mut held = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let len = page.body.len();
+        let len = page.held(&key);
         if let Some((old, _)) = held.pages.remove(&key) {
-            held.bytes -= old.body.len();
+            held.bytes -= old.held(&key);
         }
-        while held.bytes + len > HELD_MAX {
+        if held.bytes + len > HELD_MAX || held.pages.len() >= PAGES_MAX {
+            let before = held.pages.len();
+            held.pages.retain(|_, (p, _)| p.until > now);
+            if held.pages.len() != before {
+                held.bytes = held.pages.iter().map(|(k, (p, _))| p.held(k)).sum();
+            }
+        }
+        while held.bytes + len > HELD_MAX || held.pages.len() >= PAGES_MAX {
             let Some(oldest) = held.pages.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone()) else {
                 break;
             };
             if let Some((gone, _)) = held.pages.remove(&oldest) {
-                held.bytes -= gone.body.len();
+                held.bytes -= gone.held(&oldest);
             }
         }
         held.bytes += len;
@@ -220,7 +332,7 @@ impl Kept {
     fn keep(&mut self) {
         if let Some(p) = self.pending.take() {
             let now = Instant::now();
-            let page = Page { body: p.body.freeze(), headers: p.headers, until: now + p.fresh_for };
+            let page = Page { body: p.body.freeze(), headers: p.headers, fetched: now, until: now + p.fresh_for };
             p.pages.insert(p.key, page, now);
         }
     }
@@ -276,23 +388,62 @@ mod tests {
     #[test]
     fn only_a_get_over_tls_without_credentials_has_a_key() {
         let plain = headers(&[("accept", "application/vnd.pypi.simple.v1+json")]);
-        let k = key(&Method::GET, true, "PyPI.org", "/simple/six/", &plain).unwrap();
-        assert_eq!(k, key(&Method::GET, true, "pypi.org", "/simple/six/", &plain).unwrap());
+        let k = key(&Method::GET, true, "PyPI.org", "/simple/six/", "/simple", &plain).unwrap();
+        assert_eq!(k, key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &plain).unwrap());
         assert_ne!(
             k,
-            key(&Method::GET, true, "pypi.org", "/simple/six/", &headers(&[("accept", "text/html")])).unwrap()
+            key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &headers(&[("accept", "text/html")]))
+                .unwrap()
         );
-        assert_ne!(k, key(&Method::GET, true, "pypi.org", "/simple/tabulate/", &plain).unwrap());
-        assert!(key(&Method::HEAD, true, "pypi.org", "/simple/six/", &plain).is_none());
-        assert!(key(&Method::POST, true, "pypi.org", "/simple/six/", &plain).is_none());
-        assert!(key(&Method::GET, false, "pypi.org", "/simple/six/", &plain).is_none());
+        assert_ne!(k, key(&Method::GET, true, "pypi.org", "/simple/tabulate/", "/simple", &plain).unwrap());
+        assert!(key(&Method::HEAD, true, "pypi.org", "/simple/six/", "/simple", &plain).is_none());
+        assert!(key(&Method::POST, true, "pypi.org", "/simple/six/", "/simple", &plain).is_none());
+        assert!(key(&Method::GET, false, "pypi.org", "/simple/six/", "/simple", &plain).is_none());
         for personal in ["authorization", "cookie", "range", "if-range"] {
             let h = headers(&[("accept", "*/*"), (personal, "x")]);
-            assert!(key(&Method::GET, true, "pypi.org", "/simple/six/", &h).is_none(), "{personal}");
+            assert!(key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &h).is_none(), "{personal}");
         }
+        // Anything that could make the index answer one session otherwise: a body,
+        // forwarding or credential headers of any name, a hop header naming `Accept`.
+        for odd in [
+            ("x-forwarded-host", "evil.example"),
+            ("private-token", "t"),
+            ("content-length", "3"),
+            ("transfer-encoding", "chunked"),
+            ("connection", "accept"),
+            ("accept-language", "de"),
+        ] {
+            let h = headers(&[("accept", "*/*"), odd]);
+            assert!(key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &h).is_none(), "{odd:?}");
+        }
+        assert!(key(
+            &Method::GET,
+            true,
+            "pypi.org",
+            "/simple/six/",
+            "/simple",
+            &headers(&[("connection", "keep-alive")])
+        )
+        .is_some());
+        // Below the index's path only, short, with a plain `Accept` (sent as it is keyed).
+        assert!(key(&Method::GET, true, "pypi.org", "/pypi/six/json", "/simple", &plain).is_none());
+        assert!(
+            key(&Method::GET, true, "pypi.org", &format!("/simple/{}", "x".repeat(1100)), "/simple", &plain).is_none()
+        );
+        let two = headers(&[("accept", "application/vnd.pypi.simple.v1+"), ("accept", "json")]);
+        let joined = key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &two).unwrap();
+        assert_eq!(joined.upstream_headers()[header::ACCEPT], "application/vnd.pypi.simple.v1+, json");
+        assert_ne!(joined, k);
+        let mut bad = HeaderMap::new();
+        bad.insert(header::ACCEPT, HeaderValue::from_bytes(b"text/\xffhtml").unwrap());
+        assert!(key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &bad).is_none());
+        let sent = k.upstream_headers();
+        assert_eq!(sent.len(), 3);
+        assert_eq!(sent[header::ACCEPT], "application/vnd.pypi.simple.v1+json");
+        assert_eq!(sent[header::ACCEPT_ENCODING], "identity");
         // Conditional headers are the sandbox's own business: they do not split pages.
         let conditional = headers(&[("accept", "application/vnd.pypi.simple.v1+json"), ("if-none-match", "\"a\"")]);
-        assert_eq!(key(&Method::GET, true, "pypi.org", "/simple/six/", &conditional), Some(k));
+        assert_eq!(key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &conditional), Some(k));
     }
 
     #[test]
@@ -311,11 +462,16 @@ mod tests {
         assert_eq!(freshness(ok, &headers(&[])), Some(HEURISTIC_FRESH));
         assert_eq!(freshness(ok, &headers(&[("cache-control", "public")])), Some(HEURISTIC_FRESH));
         assert_eq!(freshness(ok, &headers(&[("age", "61")])), None);
+        // A shared cache's own word comes first.
+        assert_eq!(freshness(ok, &headers(&[("cache-control", "max-age=600, s-maxage=30")])), secs(30));
+        assert_eq!(freshness(ok, &headers(&[("cache-control", "max-age=600, s-maxage=0")])), None);
         for refused in [
             &[("cache-control", "max-age=600, private")][..],
             &[("cache-control", "no-store, max-age=600")],
             &[("cache-control", "no-cache, max-age=600")],
             &[("expires", "Sat, 28 Nov 2026 17:00:00 GMT")],
+            &[("cache-control", "max-age=600"), ("pragma", "no-cache")],
+            &[("cache-control", "max-age=600, no-cache=\"set-cookie\"")],
             &[("cache-control", "max-age=600"), ("set-cookie", "a=b")],
             &[("cache-control", "max-age=600"), ("vary", "Cookie")],
             &[("cache-control", "max-age=600"), ("vary", "*")],
@@ -329,14 +485,14 @@ mod tests {
     #[tokio::test]
     async fn a_page_is_answered_while_fresh_and_goes_when_stale() {
         let pages = Arc::new(Pages::default());
-        let k = key(&Method::GET, true, "pypi.org", "/simple/six/", &HeaderMap::new()).unwrap();
+        let k = key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &HeaderMap::new()).unwrap();
         let answer = headers(&[("content-type", "application/json"), ("etag", "\"v1\""), ("set-cookie", "x=y")]);
         let inner: Body = Full::new(Bytes::from_static(b"{\"page\": 1}")).map_err(|e| match e {}).boxed();
         let body =
             Kept::new(inner, pages.clone(), k.clone(), &answer, Duration::from_secs(60)).collect().await.unwrap();
         assert_eq!(body.to_bytes(), &b"{\"page\": 1}"[..]);
         let now = Instant::now();
-        let page = pages.get(&k, now).unwrap();
+        let page = pages.get(&k, now, None).unwrap();
         let whole = page.answer(&HeaderMap::new(), now);
         assert_eq!(whole.status(), StatusCode::OK);
         assert_eq!(whole.headers()[header::ETAG], "\"v1\"");
@@ -348,38 +504,60 @@ mod tests {
             assert_eq!(r.status(), StatusCode::NOT_MODIFIED, "{tag}");
         }
         assert_eq!(page.answer(&headers(&[("if-none-match", "\"v2\"")]), now).status(), StatusCode::OK);
-        assert!(pages.get(&k, now + Duration::from_secs(61)).is_none());
-        assert!(pages.get(&k, now).is_none(), "a stale page goes");
+        // A request that asks for a fresh page takes one fetched moments ago only.
+        let later = now + REVALIDATED_WITHIN + Duration::from_secs(1);
+        assert!(pages.get(&k, later, oldest_wanted(&headers(&[("cache-control", "max-age=0")]))).is_none());
+        assert!(pages.get(&k, later, oldest_wanted(&headers(&[("pragma", "no-cache")]))).is_none());
+        assert!(pages.get(&k, now, oldest_wanted(&headers(&[("cache-control", "no-cache")]))).is_some());
+        assert!(pages.get(&k, later, oldest_wanted(&headers(&[("cache-control", "max-age=30")]))).is_some());
+        assert!(pages.get(&k, later, None).is_some());
+        assert!(pages.get(&k, now + Duration::from_secs(61), None).is_none());
+        assert!(pages.get(&k, now, None).is_none(), "a stale page goes");
     }
 
     #[tokio::test]
     async fn a_page_that_breaks_off_or_is_too_large_is_not_kept() {
         let pages = Arc::new(Pages::default());
-        let k = key(&Method::GET, true, "pypi.org", "/simple/big/", &HeaderMap::new()).unwrap();
+        let k = key(&Method::GET, true, "pypi.org", "/simple/big/", "/simple", &HeaderMap::new()).unwrap();
         let big: Body = Full::new(Bytes::from(vec![b'x'; PAGE_MAX + 1])).map_err(|e| match e {}).boxed();
         let _ = Kept::new(big, pages.clone(), k.clone(), &HeaderMap::new(), Duration::from_secs(60)).collect().await;
-        assert!(pages.get(&k, Instant::now()).is_none());
+        assert!(pages.get(&k, Instant::now(), None).is_none());
         let broken: Body = http_body_util::StreamBody::new(futures_util::stream::iter(vec![
             Ok(Frame::data(Bytes::from_static(b"half"))),
             Err(BoxError::from("reset")),
         ]))
         .boxed();
         let _ = Kept::new(broken, pages.clone(), k.clone(), &HeaderMap::new(), Duration::from_secs(60)).collect().await;
-        assert!(pages.get(&k, Instant::now()).is_none());
+        assert!(pages.get(&k, Instant::now(), None).is_none());
     }
 
     #[test]
     fn all_pages_together_stay_within_their_bound() {
         let pages = Pages::default();
         let now = Instant::now();
+        let page =
+            |n: usize| Page { body: Bytes::from(vec![0u8; n]), headers: vec![], fetched: now, until: now + MAX_FRESH };
+        let k = |i: usize| {
+            key(&Method::GET, true, "pypi.org", &format!("/simple/p{i}/"), "/simple", &HeaderMap::new()).unwrap()
+        };
         for i in 0..(HELD_MAX / (4 << 20) + 3) {
-            let k = key(&Method::GET, true, "pypi.org", &format!("/simple/p{i}/"), &HeaderMap::new()).unwrap();
-            let page = Page { body: Bytes::from(vec![0u8; 4 << 20]), headers: vec![], until: now + MAX_FRESH };
-            pages.insert(k, page, now + Duration::from_millis(i as u64));
+            pages.insert(k(i), page(4 << 20), now + Duration::from_millis(i as u64));
         }
-        let held = pages.inner.lock().unwrap();
-        assert!(held.bytes <= HELD_MAX && held.bytes == held.pages.values().map(|(p, _)| p.len()).sum::<usize>());
-        let first = key(&Method::GET, true, "pypi.org", "/simple/p0/", &HeaderMap::new()).unwrap();
-        assert!(!held.pages.contains_key(&first), "the oldest went first");
+        {
+            let held = pages.inner.lock().unwrap();
+            assert!(
+                held.bytes <= HELD_MAX && held.bytes == held.pages.iter().map(|(k, (p, _))| p.held(k)).sum::<usize>()
+            );
+            assert!(!held.pages.contains_key(&k(0)), "the oldest went first");
+        }
+        // Many small pages: their keys count, and their number is bounded.
+        let small = Pages::default();
+        for i in 0..PAGES_MAX + 10 {
+            small.insert(k(i), page(1), now);
+        }
+        let held = small.inner.lock().unwrap();
+        assert_eq!(held.pages.len(), PAGES_MAX);
+        assert_eq!(held.bytes, held.pages.iter().map(|(k, (p, _))| p.held(k)).sum::<usize>());
+        assert!(held.bytes > PAGES_MAX * "pypi.org/simple/p0/".len());
     }
 }

@@ -43,7 +43,7 @@ impl Net {
         // Its package index's pages are kept while fresh (over TLS only).
         let index = crate::policy::index_authority(&policy.index_url)
             .filter(|(_, _, tls)| *tls && policy.packages_enabled())
-            .map(|(host, port, _)| (host, port));
+            .and_then(|(host, port, _)| Some((host, port, crate::policy::index_path(&policy.index_url)?)));
         Ok(Some(Net { tenant: Tenant::new(&lease.id, rules, secrets, run_id, index), egress, env }))
     }
 
