@@ -4,12 +4,16 @@
 //! package index kept in the cache as it streams to the sandbox).
 
 use super::cache;
-use super::forward::{Body, BoxError};
 use super::secrets::Rewriter;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Every body the proxy sends, either way.
+pub type Body = BoxBody<Bytes, BoxError>;
 
 /// The error a body gives when it meets a placeholder where it may not go.
 #[derive(Debug)]

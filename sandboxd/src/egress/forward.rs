@@ -12,7 +12,7 @@
 //! shows the value. The package cache's files are served from the cache, or kept
 //! as they stream from the index ([`super::cache`]).
 
-use super::bodies::{Refused, Rewritten, Teed};
+use super::bodies::{Body, BoxError, Refused, Rewritten, Teed};
 use super::cache::{self, Digest32};
 use super::connect;
 use super::pages;
@@ -22,7 +22,6 @@ use super::serve::Conn;
 use crate::model::policy::SecretPlace;
 use bytes::Bytes;
 use http_body::Frame;
-use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -33,10 +32,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Every body the proxy sends, either way.
-pub type Body = BoxBody<Bytes, BoxError>;
 
 /// Bodies up to this size are read whole before they are forwarded (their
 /// placeholders replaced, their length set again); larger ones are rewritten as

@@ -21,7 +21,7 @@
 //! [`PAGE_MAX`]. A session's secrets' hosts are never answered from here. All pages
 //! together hold at most [`HELD_MAX`]; the oldest go first.
 
-use super::forward::{Body, BoxError};
+use super::bodies::{Body, BoxError};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};

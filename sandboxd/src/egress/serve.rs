@@ -8,7 +8,8 @@
 //! owns: when the run's [`super::Serving`] is dropped, the loop is aborted and
 //! every connection with it.
 
-use super::forward::{self, Body, Target};
+use super::bodies::Body;
+use super::forward::{self, Target};
 use super::rules::{code, Host, Refusal};
 use super::usage::Usage;
 use super::{connect, Egress, Tenant};
