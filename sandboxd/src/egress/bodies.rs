@@ -1,7 +1,7 @@
 //! Bodies the proxy passes on changed or watched: [`Rewritten`] (a request's
 //! placeholders made values, or an answer's values made placeholders, as the
-//! bytes stream: [`super::secrets::Rewriter`]) and [`Teed`] (a file of the
-//! package index kept in the cache as it streams to the sandbox).
+//! bytes stream: [`super::secrets::Rewriter`]) and [`Watched`] (a package file
+//! or an index page kept, by its [`Keeper`], as it streams to the sandbox).
 
 use super::cache;
 use super::secrets::Rewriter;
@@ -86,29 +86,37 @@ impl HttpBody for Rewritten {
     }
 }
 
-/// A file of the index streaming to the sandbox, kept in the cache as it passes
-/// (only if it arrives whole and hashes to its digest: [`cache::Writer::commit`]).
-pub struct Teed {
-    inner: Body,
-    writer: Option<cache::Writer>,
+/// What a [`Watched`] body hands the bytes passing to, to keep them once the body
+/// came whole: a package file for the cache ([`cache::Writer`]), an index page
+/// ([`super::pages`]).
+pub trait Keeper: Send + Unpin + 'static {
+    /// A chunk passed. `false`: this keeper gives up (it is dropped, nothing kept).
+    fn take(&mut self, data: &Bytes) -> bool;
+    /// The whole body passed: keep it.
+    fn whole(self);
 }
 
-impl Teed {
-    pub fn new(inner: Body, writer: cache::Writer) -> Teed {
-        Teed { inner, writer: Some(writer) }
+/// A body streaming to the sandbox, watched by a [`Keeper`] that keeps it only if
+/// it ends whole: a body that breaks off, or that the sandbox stops reading, is
+/// dropped with its keeper.
+pub struct Watched<K: Keeper> {
+    inner: Body,
+    keeper: Option<K>,
+}
+
+impl<K: Keeper> Watched<K> {
+    pub fn new(inner: Body, keeper: K) -> Watched<K> {
+        Watched { inner, keeper: Some(keeper) }
     }
 
-    /// The whole file came: keep it (if its digest is the one its path named).
     fn keep(&mut self) {
-        if let Some(w) = self.writer.take() {
-            if w.commit() {
-                tracing::debug!("a package file was kept in the cache");
-            }
+        if let Some(k) = self.keeper.take() {
+            k.whole();
         }
     }
 }
 
-impl HttpBody for Teed {
+impl<K: Keeper> HttpBody for Watched<K> {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -116,18 +124,20 @@ impl HttpBody for Teed {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some(w)) = (frame.data_ref(), self.writer.as_mut()) {
-                    w.write(data);
+                if let (Some(data), Some(k)) = (frame.data_ref(), self.keeper.as_mut()) {
+                    if !k.take(data) {
+                        self.keeper = None;
+                    }
                 }
                 // A body of known length is over with its last bytes: hyper may not
-                // ask for more, so the file is kept now.
+                // ask for more, so it is kept now.
                 if self.inner.is_end_stream() {
                     self.keep();
                 }
             }
             Poll::Ready(None) => self.keep(),
-            // An error: the file is not whole, and is dropped with the writer.
-            Poll::Ready(Some(Err(_))) => self.writer = None,
+            // An error: the body is not whole, and is dropped with the keeper.
+            Poll::Ready(Some(Err(_))) => self.keeper = None,
             Poll::Pending => {}
         }
         polled
@@ -139,6 +149,21 @@ impl HttpBody for Teed {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A file of the index kept in the cache as it streams to the sandbox (only if it
+/// arrives whole and hashes to its digest: [`cache::Writer::commit`]).
+impl Keeper for cache::Writer {
+    fn take(&mut self, data: &Bytes) -> bool {
+        self.write(data);
+        true
+    }
+
+    fn whole(self) {
+        if self.commit() {
+            tracing::debug!("a package file was kept in the cache");
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 //! shows the value. The package cache's files are served from the cache, or kept
 //! as they stream from the index ([`super::cache`]).
 
-use super::bodies::{Body, BoxError, Refused, Rewritten, Teed};
+use super::bodies::{Body, BoxError, Refused, Rewritten, Watched};
 use super::cache::{self, Digest32};
 use super::connect;
 use super::pages;
@@ -428,13 +428,13 @@ async fn send(conn: &Arc<Conn>, target: &Target, upstream: &mut Upstream, prepar
         let length = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
         if let Some(writer) = conn.egress.cache.as_ref().filter(|_| identity).and_then(|c| c.writer(digest, length)) {
             crate::metrics::global().package_cache(false);
-            body = Teed::new(body, writer).boxed();
+            body = Watched::new(body, writer).boxed();
         }
     }
     if let (Some((key, _)), Some((pages, _))) = (page, conn.egress.pages_for(&conn.tenant, &target.host, target.port)) {
         crate::metrics::global().index_page(false);
         if let Some(fresh_for) = pages::freshness(parts.status, &parts.headers) {
-            body = pages::Kept::new(body, pages.clone(), key, &parts.headers, fresh_for).boxed();
+            body = pages::kept(body, pages.clone(), key, &parts.headers, fresh_for).boxed();
         }
     }
     Response::from_parts(parts, body)

@@ -21,16 +21,13 @@
 //! [`PAGE_MAX`]. A session's secrets' hosts are never answered from here. All pages
 //! together hold at most [`HELD_MAX`]; the oldest go first.
 
-use super::bodies::{Body, BoxError};
+use super::bodies::{Body, Keeper, Watched};
 use bytes::{Bytes, BytesMut};
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Response, StatusCode};
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -303,14 +300,9 @@ impl Pages {
     }
 }
 
-/// An index page streaming to the sandbox, kept as it passes if it comes whole
-/// within [`PAGE_MAX`].
-pub struct Kept {
-    inner: Body,
-    pending: Option<Pending>,
-}
-
-struct Pending {
+/// An index page kept as it streams to the sandbox ([`Watched`]), if it comes
+/// whole within [`PAGE_MAX`].
+pub struct Pending {
     pages: Arc<Pages>,
     key: Key,
     headers: Vec<(header::HeaderName, HeaderValue)>,
@@ -318,64 +310,37 @@ struct Pending {
     body: BytesMut,
 }
 
-impl Kept {
-    /// `inner`, the index's answer to `key` with `headers`, which may be kept for
-    /// `fresh_for` ([`freshness`]).
-    pub fn new(inner: Body, pages: Arc<Pages>, key: Key, headers: &HeaderMap, fresh_for: Duration) -> Kept {
-        let headers = KEPT_HEADERS
-            .iter()
-            .flat_map(|name| headers.get_all(name).iter().map(move |v| (name.clone(), v.clone())))
-            .collect();
-        Kept { inner, pending: Some(Pending { pages, key, headers, fresh_for, body: BytesMut::new() }) }
-    }
-
-    fn keep(&mut self) {
-        if let Some(p) = self.pending.take() {
-            let now = Instant::now();
-            let page = Page { body: p.body.freeze(), headers: p.headers, fetched: now, until: now + p.fresh_for };
-            p.pages.insert(p.key, page, now);
-        }
-    }
+/// `inner`, the index's answer to `key` with `headers`, which may be kept for
+/// `fresh_for` ([`freshness`]), kept in `pages` as it passes.
+pub fn kept(inner: Body, pages: Arc<Pages>, key: Key, headers: &HeaderMap, fresh_for: Duration) -> Watched<Pending> {
+    let headers = KEPT_HEADERS
+        .iter()
+        .flat_map(|name| headers.get_all(name).iter().map(move |v| (name.clone(), v.clone())))
+        .collect();
+    Watched::new(inner, Pending { pages, key, headers, fresh_for, body: BytesMut::new() })
 }
 
-impl HttpBody for Kept {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let fits = self.pending.as_ref().is_some_and(|p| p.body.len() + data.len() <= PAGE_MAX);
-                    match self.pending.as_mut() {
-                        Some(p) if fits => p.body.extend_from_slice(data),
-                        _ => self.pending = None,
-                    }
-                }
-                if self.inner.is_end_stream() {
-                    self.keep();
-                }
-            }
-            Poll::Ready(None) => self.keep(),
-            Poll::Ready(Some(Err(_))) => self.pending = None,
-            Poll::Pending => {}
+impl Keeper for Pending {
+    fn take(&mut self, data: &Bytes) -> bool {
+        let fits = self.body.len() + data.len() <= PAGE_MAX;
+        if fits {
+            self.body.extend_from_slice(data);
         }
-        polled
+        fits
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn whole(self) {
+        let now = Instant::now();
+        let page = Page { body: self.body.freeze(), headers: self.headers, fetched: now, until: now + self.fresh_for };
+        self.pages.insert(self.key, page, now);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::bodies::BoxError;
     use super::*;
+    use http_body::Frame;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -488,8 +453,7 @@ mod tests {
         let k = key(&Method::GET, true, "pypi.org", "/simple/six/", "/simple", &HeaderMap::new()).unwrap();
         let answer = headers(&[("content-type", "application/json"), ("etag", "\"v1\""), ("set-cookie", "x=y")]);
         let inner: Body = Full::new(Bytes::from_static(b"{\"page\": 1}")).map_err(|e| match e {}).boxed();
-        let body =
-            Kept::new(inner, pages.clone(), k.clone(), &answer, Duration::from_secs(60)).collect().await.unwrap();
+        let body = kept(inner, pages.clone(), k.clone(), &answer, Duration::from_secs(60)).collect().await.unwrap();
         assert_eq!(body.to_bytes(), &b"{\"page\": 1}"[..]);
         let now = Instant::now();
         let page = pages.get(&k, now, None).unwrap();
@@ -520,14 +484,14 @@ mod tests {
         let pages = Arc::new(Pages::default());
         let k = key(&Method::GET, true, "pypi.org", "/simple/big/", "/simple", &HeaderMap::new()).unwrap();
         let big: Body = Full::new(Bytes::from(vec![b'x'; PAGE_MAX + 1])).map_err(|e| match e {}).boxed();
-        let _ = Kept::new(big, pages.clone(), k.clone(), &HeaderMap::new(), Duration::from_secs(60)).collect().await;
+        let _ = kept(big, pages.clone(), k.clone(), &HeaderMap::new(), Duration::from_secs(60)).collect().await;
         assert!(pages.get(&k, Instant::now(), None).is_none());
         let broken: Body = http_body_util::StreamBody::new(futures_util::stream::iter(vec![
             Ok(Frame::data(Bytes::from_static(b"half"))),
             Err(BoxError::from("reset")),
         ]))
         .boxed();
-        let _ = Kept::new(broken, pages.clone(), k.clone(), &HeaderMap::new(), Duration::from_secs(60)).collect().await;
+        let _ = kept(broken, pages.clone(), k.clone(), &HeaderMap::new(), Duration::from_secs(60)).collect().await;
         assert!(pages.get(&k, Instant::now(), None).is_none());
     }
 
