@@ -225,9 +225,11 @@ def test_path_traversal_in_every_encoding_is_refused(daemon):
         for method in ("GET", "PUT", "DELETE"):
             status, body = raw_request(daemon.port, method, f"/v1/sessions/{sid}/files/{raw}", b"x" if method == "PUT" else b"")
             assert (status, body["error"]["code"]) == (400, "invalid_path"), (method, raw, status, body)
-    # Nothing was written anywhere.
-    data = daemon.state / "sessions" / sid / "data"
-    assert list(data.iterdir()) == []
+    # Nothing was written anywhere: the session's workspace was not even made
+    # (a path is checked before the workspace is mounted).
+    session = daemon.state / "sessions" / sid
+    assert sorted(p.name for p in session.iterdir()) == ["session.json"]
+    data = session / "data"
     # A path is decoded once: what still looks encoded is a name, written in the
     # workspace as that one name (sandboxed code can make such names too).
     for raw, name in [("%252e%252e%252fetc%252fpasswd", "%2e%2e%2fetc%2fpasswd"), ("a%5c..%5cb", "a\\..\\b")]:

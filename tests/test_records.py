@@ -299,6 +299,9 @@ def test_a_session_the_state_filesystem_cannot_hold_is_refused_with_507():
         d.start()
         with d.http() as c:
             first = new_session(c, id="first", policy="big")
+            # Used, so that its images are made (a session not used yet counts its
+            # policy's sizes).
+            assert c.post(f"/v1/sessions/{first}/runs", json={"code": "print(1)"}).json()["status"] == "ok"
             r = c.post("/v1/sessions", json={"id": "second", "policy": "big"})
             assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), r.text
             message = r.json()["error"]["message"]

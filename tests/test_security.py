@@ -255,6 +255,8 @@ print(json.dumps({
 def test_a_copied_setuid_binary_gains_nothing(daemon):
     with daemon.http() as c:
         sid = new_session(c)
+    # Its first use makes and mounts its workspace.
+    assert daemon.run("pass", session_id=sid)["status"] == "ok"
     workspace = daemon.state / "sessions" / sid / "data"
     # A setuid-root `id` placed in the workspace by the host...
     with daemon.http() as c:

@@ -231,9 +231,16 @@ def test_a_new_sessions_images_are_their_own_empty_filesystems_holding_little_on
     d = fresh_daemon(args=["--pool-size", "0"])
     with d.http() as c:
         a, b = new_session(c), new_session(c)
+        # Neither has an image before its first use.
+        for sid in (a, b):
+            assert sorted(os.listdir(d.state / "sessions" / sid)) == ["session.json"]
         assert c.put(f"/v1/sessions/{a}/files/only-a.txt", content=b"a").status_code in (200, 201)
         listing = c.get(f"/v1/sessions/{b}/files").json()
     assert listing == [], listing
+    # A file operation makes the workspace; the first run, the package layer.
+    assert sorted(os.listdir(d.state / "sessions" / a)) == ["data", "session.json", "workspace.img"]
+    for sid in (a, b):
+        assert d.run("print(1)", session_id=sid)["status"] == "ok"
     for sid in (a, b):
         sdir = d.state / "sessions" / sid
         uid = d.session_uid(sid)
@@ -241,7 +248,8 @@ def test_a_new_sessions_images_are_their_own_empty_filesystems_holding_little_on
             st = os.stat(sdir / image)
             assert st.st_blocks * 512 < 4 << 20, (image, st.st_blocks * 512)
             assert mode_owner(sdir / root) == (0o700, uid, uid), (sid, root)
-        assert os.listdir(sdir / "packages") == []
+        # What the first run made there: the layer's empty current generation.
+        assert os.listdir(sdir / "packages") == ["current"]
     assert os.listdir(d.state / "sessions" / b / "data") == []
     # The blanks: one per size, written by nothing since mkfs.
     blanks = sorted(os.listdir(d.state / "blank-images"))
@@ -285,6 +293,9 @@ def test_wider_modes_left_by_an_earlier_version_are_fixed_at_start(fresh_daemon)
     os.chmod(sdir / "workspace.img", 0o644)
     os.chmod(d.state / "sessions", 0o755)
     d.start()
+    # The workspace's root is mounted (and its modes fixed) at the session's next use.
+    with d.http() as c:
+        assert c.get(f"/v1/sessions/{sid}/files").json()[0]["path"] == "up.txt"
     check_modes(d, sid, uid)
     r = d.run("print(open('up.txt').read())", session_id=sid)
     assert r["status"] == "ok" and r["stdout"] == "x\n", r

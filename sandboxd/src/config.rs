@@ -135,6 +135,17 @@ pub struct Settings {
     /// shrinks back to `pool_size` per policy by one template per this long.
     #[arg(long, env = "SANDBOXD_POOL_IDLE_S")]
     pub pool_idle_s: Option<u64>,
+    /// How many times the free room of the state directory's filesystem the
+    /// sessions' images (workspaces, package layers) may add up to, each counted
+    /// full: images are sparse and take disk only as they are written. 1 (the
+    /// default) reserves each whole; more holds more sessions than the disk could
+    /// hold filled up.
+    #[arg(long, env = "SANDBOXD_WORKSPACE_OVERCOMMIT")]
+    pub workspace_overcommit: Option<f64>,
+    /// Seconds a session goes unused before its workspace is unmounted (mounted
+    /// again at its next use; its files stay). A session whose kernel lives keeps it.
+    #[arg(long, env = "SANDBOXD_WORKSPACE_IDLE_UNMOUNT_S")]
+    pub workspace_idle_unmount_s: Option<u64>,
     /// Seconds that running runs get to finish at shutdown before they are killed.
     #[arg(long, env = "SANDBOXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
@@ -209,6 +220,8 @@ pub struct Config {
     pub pool_size: usize,
     pub pool_memory_mb: u64,
     pub pool_idle_s: u64,
+    pub workspace_overcommit: f64,
+    pub workspace_idle_unmount_s: u64,
     pub shutdown_grace_s: u64,
     pub ca_bundle: PathBuf,
     pub package_cache_dir: PathBuf,
@@ -283,6 +296,8 @@ impl Config {
             pool_size,
             pool_memory_mb,
             pool_idle_s,
+            workspace_overcommit,
+            workspace_idle_unmount_s,
             shutdown_grace_s,
             ca_bundle,
             package_cache_dir,
@@ -332,6 +347,13 @@ impl Config {
         let log_format = s.log_format.unwrap_or_else(|| "text".into());
         if log_format != "text" && log_format != "json" {
             return Err(Error::Invalid { key: "log_format", reason: format!("`{log_format}`; allowed: text, json") });
+        }
+        let workspace_overcommit = s.workspace_overcommit.unwrap_or(1.0);
+        if !(1.0..=1000.0).contains(&workspace_overcommit) {
+            return Err(Error::Invalid {
+                key: "workspace_overcommit",
+                reason: format!("{workspace_overcommit}; allowed: 1 to 1000 (1: each session's images reserved whole)"),
+            });
         }
         let max_sessions = s.max_sessions.unwrap_or(32);
         if max_sessions == 0 || max_sessions > 10_000 {
@@ -440,6 +462,8 @@ impl Config {
             pool_size: s.pool_size.unwrap_or(2).min(64),
             pool_memory_mb: s.pool_memory_mb.unwrap_or(2048).min(1 << 30),
             pool_idle_s: s.pool_idle_s.unwrap_or(30).clamp(1, 86400),
+            workspace_overcommit,
+            workspace_idle_unmount_s: s.workspace_idle_unmount_s.unwrap_or(120).clamp(1, 86400),
             shutdown_grace_s: s.shutdown_grace_s.unwrap_or(10),
             ca_bundle: s.ca_bundle.unwrap_or_else(default_ca_bundle),
             package_cache_dir: s.package_cache_dir.unwrap_or_else(|| "/var/cache/sandboxd/packages".into()),

@@ -135,6 +135,7 @@ async fn serve_with(
         Manager::new(&config.state_dir, policies, config.max_sessions, config.session_ttl_s, config.uid_base)
             .map_err(|e| Error::State(config.state_dir.clone(), e))?
             .with_token_quotas(config.token_max_sessions, config.token_max_runs)
+            .with_overcommit(config.workspace_overcommit)
             .with_secrets(secrets);
     // Owner ids of tokens are keyed with this daemon's secret; sessions an
     // earlier daemon keyed the old way are moved to theirs as they are taken back.
@@ -243,11 +244,12 @@ async fn serve_with(
         serve_until_stopped(&mut servers, tcp, "metrics", app, limits, stop_rx.clone());
     }
 
-    let reaper = sessions.clone();
+    let (reaper, unmount_after) = (sessions.clone(), Duration::from_secs(config.workspace_idle_unmount_s));
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
             reaper.reap_expired().await;
+            reaper.unmount_idle(unmount_after).await;
         }
     });
 

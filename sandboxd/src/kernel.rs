@@ -477,6 +477,11 @@ impl Kernels {
         self.0.lock().await.insert(key.to_string(), kernel);
     }
 
+    /// Whether the session has a live kernel idle between cells.
+    pub async fn has(&self, key: &str) -> bool {
+        self.0.lock().await.contains_key(key)
+    }
+
     /// End the session's kernel, if it has one idle.
     pub async fn stop(&self, key: &str) {
         if let Some(k) = self.take(key).await {

@@ -3,6 +3,13 @@
 //! session's `data` directory. A full workspace gives ENOSPC inside the sandbox and
 //! `upload_too_large` on upload; the host disk holds at most the image's size.
 //!
+//! A session costs nothing until it is used: its image is made and mounted by the
+//! first run or file operation ([`Storage::open`]), and an idle session's images
+//! are unmounted again (the session manager's `unmount_idle`) and mounted at its
+//! next use, so the mounts (each a loop device, a kernel thread and kernel memory,
+//! and a mount every new sandbox's namespace starts from) follow the sessions in
+//! use, not the sessions held.
+//!
 //! A session whose policy allows packages gets a second image, made beside its
 //! workspace when the session is (`packages.img`, the policy's `packages_mb`), and loop-mounted on
 //! its `packages` directory: its package layer, outside the workspace, mounted at
@@ -56,10 +63,15 @@ pub fn is_mounted(path: &Path) -> bool {
 }
 
 /// Make the image, its filesystem, and mount it (its root `uid`'s). Only the
-/// workspace's: the package layer is made beside it at the same time
-/// ([`create_layer`]), and mounting its image here could catch it half made.
+/// workspace's: the package layer is made at the session's first run
+/// ([`create_layer`]).
+/// The image is copied under a name of its own and renamed into place whole:
+/// a daemon stopped midway leaves no half image for a later use to mount.
 pub async fn create(blanks: &Blanks, session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
-    blanks.make(&session_dir.join(IMAGE), size_bytes).await?;
+    let part = session_dir.join(format!("{IMAGE}.part"));
+    let _ = std::fs::remove_file(&part);
+    blanks.make(&part, size_bytes).await?;
+    std::fs::rename(&part, session_dir.join(IMAGE))?;
     mount_one(session_dir, IMAGE, DATA).await?;
     empty_root(&session_dir.join(DATA), uid)
 }
@@ -95,7 +107,7 @@ fn empty_root(root: &Path, uid: u32) -> io::Result<()> {
 }
 
 /// Give a session directory its modes (see the module's notes). Fixes what an
-/// earlier version left; call it with the workspace mounted.
+/// earlier version left (at start, and again when its workspace is mounted).
 pub fn restrict(session_dir: &Path, uid: u32) -> io::Result<()> {
     restrict_dir(session_dir, uid)?;
     for name in [IMAGE, LAYER_IMAGE, "session.json"] {
@@ -178,16 +190,23 @@ pub fn mounted_below(sessions_dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Where a session's workspace lives, by session directory: made, mounted again
-/// after a restart, unmounted, and how much room it and its filesystem have.
+/// Where a session's workspace lives, by session directory: made at first use,
+/// mounted again after an idle unmount or a restart, unmounted, and how much room
+/// it and its filesystem have.
 pub trait Storage: Send + Sync {
-    /// Make the workspace of `size_bytes` for `uid` in `session_dir` (which
-    /// exists) and mount it on its `data` directory, both given their modes.
-    fn create<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>>;
+    /// Give a new session's directory (which exists, with nothing in it yet) its
+    /// modes for `uid`.
+    fn prepare(&self, session_dir: &Path, uid: u32) -> io::Result<()>;
 
-    /// Mount again the workspace an earlier daemon made in `session_dir`, and
-    /// give the directory its modes for `uid` (an earlier version left wider ones).
-    fn reopen<'a>(&'a self, session_dir: &'a Path, uid: u32) -> BoxFuture<'a, io::Result<()>>;
+    /// Mount the session's workspace on its `data` directory (and its package
+    /// layer, if it has one, on `packages`), making the workspace of `size_bytes`
+    /// for `uid` first if the session has none yet; nothing if mounted already.
+    fn open<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>>;
+
+    /// Give the directory an earlier daemon left in `session_dir` its modes for
+    /// `uid` (an earlier version left wider ones); whether its workspace is still
+    /// mounted (that daemon's end left it so).
+    fn reopen<'a>(&'a self, session_dir: &'a Path, uid: u32) -> BoxFuture<'a, io::Result<bool>>;
 
     /// Unmount the workspace in `session_dir`, and its package layer (lazily);
     /// nothing if they are not mounted.
@@ -248,18 +267,38 @@ where
 }
 
 impl Storage for LoopImages {
-    fn create<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
-        Box::pin(async move {
-            restrict_dir(session_dir, uid)?;
-            let (blanks, dir) = (self.blanks.clone(), session_dir.to_path_buf());
-            whole(async move { create(&blanks, &dir, size_bytes, uid).await }).await
-        })
+    fn prepare(&self, session_dir: &Path, uid: u32) -> io::Result<()> {
+        restrict_dir(session_dir, uid)
     }
 
-    fn reopen<'a>(&'a self, session_dir: &'a Path, uid: u32) -> BoxFuture<'a, io::Result<()>> {
+    fn open<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
+        let (blanks, dir) = (self.blanks.clone(), session_dir.to_path_buf());
+        Box::pin(whole(async move {
+            match std::fs::symlink_metadata(dir.join(IMAGE)) {
+                // Mounted again: its modes fixed (an earlier version left wider ones).
+                Ok(_) => {
+                    mount(&dir).await?;
+                    restrict(&dir, uid)
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    // A workspace half made (the daemon stopped midway) is made again.
+                    let _ = unmount_one(&dir.join(DATA));
+                    create(&blanks, &dir, size_bytes, uid).await.inspect_err(|_| {
+                        let _ = unmount_one(&dir.join(DATA));
+                        let _ = std::fs::remove_file(dir.join(IMAGE));
+                    })?;
+                    // A package layer an earlier use made is mounted with it.
+                    mount(&dir).await
+                }
+                Err(e) => Err(e),
+            }
+        }))
+    }
+
+    fn reopen<'a>(&'a self, session_dir: &'a Path, uid: u32) -> BoxFuture<'a, io::Result<bool>> {
         Box::pin(async move {
-            mount(session_dir).await?;
-            restrict(session_dir, uid)
+            restrict(session_dir, uid)?;
+            Ok(is_mounted(&session_dir.join(DATA)))
         })
     }
 
@@ -321,27 +360,30 @@ pub mod fake {
     }
 
     impl Storage for Dirs {
-        fn create<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, _uid: u32) -> BoxFuture<'a, io::Result<()>> {
+        fn prepare(&self, _session_dir: &Path, _uid: u32) -> io::Result<()> {
+            Ok(())
+        }
+
+        fn open<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, _uid: u32) -> BoxFuture<'a, io::Result<()>> {
             Box::pin(async move {
-                std::fs::File::create_new(session_dir.join(IMAGE))?.set_len(size_bytes)?;
-                if self.fail_create.swap(false, Ordering::Relaxed) {
-                    return Err(io::Error::other("mkfs.ext4 failed (the fake's)"));
+                if !session_dir.join(IMAGE).is_file() {
+                    std::fs::File::create_new(session_dir.join(IMAGE))?.set_len(size_bytes)?;
+                    if self.fail_create.swap(false, Ordering::Relaxed) {
+                        let _ = std::fs::remove_file(session_dir.join(IMAGE));
+                        return Err(io::Error::other("mkfs.ext4 failed (the fake's)"));
+                    }
                 }
-                std::fs::create_dir(session_dir.join(DATA))?;
+                std::fs::create_dir_all(session_dir.join(DATA))?;
                 self.mount(session_dir);
+                if session_dir.join(LAYER_IMAGE).is_file() {
+                    self.mounted.lock().unwrap_or_else(|p| p.into_inner()).insert(session_dir.join(LAYER));
+                }
                 Ok(())
             })
         }
 
-        fn reopen<'a>(&'a self, session_dir: &'a Path, _uid: u32) -> BoxFuture<'a, io::Result<()>> {
-            Box::pin(async move {
-                if !session_dir.join(IMAGE).is_file() {
-                    return Err(io::Error::other("mount: no image (the fake's)"));
-                }
-                std::fs::create_dir_all(session_dir.join(DATA))?;
-                self.mount(session_dir);
-                Ok(())
-            })
+        fn reopen<'a>(&'a self, session_dir: &'a Path, _uid: u32) -> BoxFuture<'a, io::Result<bool>> {
+            Box::pin(async move { Ok(self.mounted().contains(&session_dir.join(DATA))) })
         }
 
         fn unmount<'a>(&'a self, session_dir: &'a Path) -> BoxFuture<'a, io::Result<()>> {

@@ -143,7 +143,13 @@ fn session_error(e: crate::session::Error) -> ApiError {
         E::TokenMaxSessions { .. } | E::MaxSessions { .. } => Code::MaxSessions,
         E::TokenMaxRuns(_) => Code::MaxRuns,
         E::InsufficientStorage { .. } | E::LayerNoRoom { .. } => Code::InsufficientStorage,
-        E::Workspace(io) => return ApiError::internal("creating the session workspace", io),
+        E::Workspace(io) if io.kind() == std::io::ErrorKind::StorageFull => {
+            return ApiError::new(
+                Code::InsufficientStorage,
+                format!("the state directory's filesystem has no room to make this session's workspace ({io}): free disk space or close sessions you no longer need, then retry"),
+            )
+        }
+        E::Workspace(io) => return ApiError::internal("making or mounting the session's workspace", io),
         E::InvalidSecret(_) => Code::InvalidRequest,
         E::SecretNotFound { .. } => Code::NotFound,
         E::Layer(io) => return ApiError::internal("making the session's package layer", io),

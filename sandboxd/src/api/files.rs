@@ -103,7 +103,7 @@ pub async fn download(
     conn: Option<Extension<crate::serve::Connection>>,
     FileRoute { id, path }: FileRoute,
 ) -> Result<Response, ApiError> {
-    let opened = state.service.open_file(&caller, &id, &path)?;
+    let opened = state.service.open_file(&caller, &id, &path).await?;
     let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
         tokio::fs::File::from_std(opened.file),
         256 * 1024,
@@ -163,7 +163,7 @@ pub async fn upload(
     Query(q): Query<UploadQuery>,
     body: Body,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
-    let opened = (|| {
+    let opened = async {
         let FileRoute { id, path } = route?;
         let overwrite = match q.overwrite.as_deref() {
             None | Some("false") | Some("0") => false,
@@ -175,8 +175,9 @@ pub async fn upload(
                 ))
             }
         };
-        Ok((state.service.create_file(&caller, &id, &path, overwrite)?, id))
-    })();
+        Ok((state.service.create_file(&caller, &id, &path, overwrite).await?, id))
+    }
+    .await;
     let (mut upload, id) = match opened {
         Ok(opened) => opened,
         Err(e) => {
@@ -246,7 +247,7 @@ pub async fn remove(
     Extension(caller): Extension<Caller>,
     FileRoute { id, path }: FileRoute,
 ) -> Result<Json<StatusAnswer>, ApiError> {
-    Ok(Json(state.service.delete_file(&caller, &id, &path)?))
+    Ok(Json(state.service.delete_file(&caller, &id, &path).await?))
 }
 
 #[cfg(test)]

@@ -230,6 +230,7 @@ pub async fn health(
         health.sessions = Some(now.sessions);
         health.busy_sessions = Some(now.busy_sessions);
         health.pool = Some(now.pool);
+        health.storage = Some(now.storage);
     }
     Json(health)
 }

@@ -579,6 +579,7 @@ mod tests {
         health.sessions = Some(2);
         health.busy_sessions = Some(1);
         health.pool = Some(crate::model::health::PoolStats::default());
+        health.storage = Some(crate::model::health::StorageStats { free_bytes: Some(1), ..Default::default() });
         conforms(&doc, &schema("Health"), &serde_json::to_value(&health).unwrap(), "health").unwrap();
         assert_eq!(doc["components"]["schemas"]["Health"]["required"], json!(["status", "version"]));
         // And a script result is not taken for anything else.

@@ -118,7 +118,14 @@ fn error_cases() -> Vec<(service::Error, u16, &'static str)> {
         (session::Error::MaxSessions { max: 1, closing: 2 }.into(), 429, "max_sessions"),
         (session::Error::TokenMaxRuns(1).into(), 429, "max_runs"),
         (
-            session::Error::InsufficientStorage { free_mb: 1, held_mb: 2, wanted_mb: 3, policy: "p".into() }.into(),
+            session::Error::InsufficientStorage {
+                free_mb: 1,
+                room_mb: 1,
+                held_mb: 2,
+                wanted_mb: 3,
+                policy: "p".into(),
+            }
+            .into(),
             507,
             "insufficient_storage",
         ),

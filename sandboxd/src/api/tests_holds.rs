@@ -80,7 +80,8 @@ async fn a_request_with_two_hosts_is_refused() {
     assert_eq!(one.status(), StatusCode::OK);
 }
 
-const FULL: [&str; 7] = ["problems", "rootfs_sha256", "cgroup", "landlock_abi", "sessions", "busy_sessions", "pool"];
+const FULL: [&str; 8] =
+    ["problems", "rootfs_sha256", "cgroup", "landlock_abi", "sessions", "busy_sessions", "pool", "storage"];
 
 fn keys(v: &serde_json::Value) -> Vec<String> {
     let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();

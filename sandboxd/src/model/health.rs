@@ -37,6 +37,10 @@ pub struct Health {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub pool: Option<PoolStats>,
+    /// The sessions' workspaces and the state directory's disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub storage: Option<StorageStats>,
 }
 
 impl Health {
@@ -52,8 +56,30 @@ impl Health {
             sessions: None,
             busy_sessions: None,
             pool: None,
+            storage: None,
         }
     }
+}
+
+/// The sessions' workspaces and the state directory's disk, for `GET /v1/health`.
+#[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
+pub struct StorageStats {
+    /// Sessions whose workspace is mounted now. A session's workspace is made at
+    /// its first use and unmounted once it has been idle for
+    /// `workspace_idle_unmount_s`; it is mounted again at its next use.
+    pub workspaces_mounted: usize,
+    /// How many times the free room of the state directory's filesystem the
+    /// sessions' images (workspaces, package layers) may add up to, each counted
+    /// full (`workspace_overcommit`; 1: each reserved whole).
+    pub workspace_overcommit: f64,
+    /// Bytes free on the state directory's filesystem; absent when it cannot say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub free_bytes: Option<u64>,
+    /// Bytes the sessions held could still write, their images filled up (with
+    /// their run records' room): a new session is refused (507) when this and its
+    /// own would pass `free_bytes` × `workspace_overcommit`.
+    pub held_bytes: u64,
 }
 
 /// One thing that is degraded.

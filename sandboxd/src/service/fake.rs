@@ -225,47 +225,64 @@ impl Operations for Memory {
             Ok(Listing { files: listed, partial: false })
         })
     }
-    fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, service::Error> {
-        self.enter(caller)?;
-        let rel = workspace::validate(path)?;
-        let (key, _) = self.session(caller, id)?;
-        let bytes = self.files.lock().unwrap().get(&(key, path.to_string())).cloned();
-        let bytes = bytes.ok_or_else(|| workspace::Error::NotFound(path.to_string()))?;
-        let mut file = tempfile::tempfile().unwrap();
-        std::io::Write::write_all(&mut file, &bytes).unwrap();
-        std::io::Seek::rewind(&mut file).unwrap();
-        let name = rel.file_name().unwrap().to_string_lossy().into_owned();
-        Ok(OpenFile {
-            file,
-            size: bytes.len() as u64,
-            mime_type: crate::artifacts::mime_type(&rel),
-            name: name.into(),
-            hold: None,
+    fn open_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<OpenFile, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            let rel = workspace::validate(path)?;
+            let (key, _) = self.session(caller, id)?;
+            let bytes = self.files.lock().unwrap().get(&(key, path.to_string())).cloned();
+            let bytes = bytes.ok_or_else(|| workspace::Error::NotFound(path.to_string()))?;
+            let mut file = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut file, &bytes).unwrap();
+            std::io::Seek::rewind(&mut file).unwrap();
+            let name = rel.file_name().unwrap().to_string_lossy().into_owned();
+            Ok(OpenFile {
+                file,
+                size: bytes.len() as u64,
+                mime_type: crate::artifacts::mime_type(&rel),
+                name: name.into(),
+                hold: None,
+            })
         })
     }
-    fn create_file(
-        &self,
-        caller: &Caller,
-        id: &str,
-        path: &str,
+    fn create_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
         overwrite: bool,
-    ) -> Result<Box<dyn FileUpload>, service::Error> {
-        self.enter(caller)?;
-        workspace::validate(path)?;
-        let (key, info) = self.session(caller, id)?;
-        let key = (key, path.to_string());
-        if !overwrite && self.files.lock().unwrap().contains_key(&key) {
-            return Err(workspace::Error::Exists(path.into()).into());
-        }
-        Ok(Box::new(MemoryUpload { files: self.files.clone(), key, id: info.id, bytes: vec![] }))
+    ) -> BoxFuture<'a, Result<Box<dyn FileUpload>, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            workspace::validate(path)?;
+            let (key, info) = self.session(caller, id)?;
+            let key = (key, path.to_string());
+            if !overwrite && self.files.lock().unwrap().contains_key(&key) {
+                return Err(workspace::Error::Exists(path.into()).into());
+            }
+            Ok(Box::new(MemoryUpload { files: self.files.clone(), key, id: info.id, bytes: vec![] })
+                as Box<dyn FileUpload>)
+        })
     }
-    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<StatusAnswer, service::Error> {
-        self.enter(caller)?;
-        let (key, _) = self.session(caller, id)?;
-        match self.files.lock().unwrap().remove(&(key, path.to_string())) {
-            Some(_) => Ok(StatusAnswer { status: "deleted".into(), path: Some(path.into()) }),
-            None => Err(workspace::Error::NotFound(path.into()).into()),
-        }
+    fn delete_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<StatusAnswer, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            let (key, _) = self.session(caller, id)?;
+            match self.files.lock().unwrap().remove(&(key, path.to_string())) {
+                Some(_) => Ok(StatusAnswer { status: "deleted".into(), path: Some(path.into()) }),
+                None => Err(workspace::Error::NotFound(path.into()).into()),
+            }
+        })
     }
     fn list_runs<'a>(
         &'a self,

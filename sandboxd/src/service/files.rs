@@ -13,14 +13,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 impl Service {
-    /// The session's workspace, opened for one file operation while the session
-    /// is ready; the [`session::Use`] holds its teardown off until dropped.
-    pub(super) fn open_workspace(
+    /// The session's workspace, mounted and opened for one file operation while
+    /// the session is ready; the [`session::Use`] holds its teardown (and an idle
+    /// unmount) off until dropped.
+    pub(super) async fn open_workspace(
         &self,
         caller: &Caller,
         id: &str,
     ) -> Result<(Workspace, SessionInfo, session::Use), Error> {
-        let opened = self.sessions.open(id, caller.owner())?;
+        let opened = self.sessions.open_mounted(id, caller.owner()).await?;
         let ws = Workspace::open(&opened.workspace, opened.info.uid)?;
         Ok((ws, opened.info, opened.hold))
     }

@@ -117,6 +117,7 @@ pub struct Condition {
     pub sessions: usize,
     pub busy_sessions: usize,
     pub pool: PoolStats,
+    pub storage: crate::model::health::StorageStats,
 }
 
 /// What the API (its handlers, and the MCP tools in the daemon) needs from below:
@@ -159,12 +160,27 @@ pub trait Operations: Send + Sync + 'static {
     /// A path (here and below) is in its text form ([`crate::names`]).
     fn listing<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<Listing, Error>>;
     /// Open a workspace file to stream it.
-    fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error>;
+    fn open_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<OpenFile, Error>>;
     /// Start writing a workspace file, within the policy's upload limit; feed it
     /// with [`FileUpload::write`].
-    fn create_file(&self, caller: &Caller, id: &str, path: &str, overwrite: bool)
-        -> Result<Box<dyn FileUpload>, Error>;
-    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<StatusAnswer, Error>;
+    fn create_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<Box<dyn FileUpload>, Error>>;
+    fn delete_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<StatusAnswer, Error>>;
     /// What is degraded now (the problems [`crate::health`] finds), and the
     /// counters `GET /v1/health` shows.
     fn condition(&self) -> BoxFuture<'_, Condition>;
@@ -230,7 +246,7 @@ pub trait Operations: Send + Sync + 'static {
         limit: u64,
     ) -> BoxFuture<'a, Result<Vec<u8>, Error>> {
         Box::pin(async move {
-            let opened = self.open_file(caller, id, path)?;
+            let opened = self.open_file(caller, id, path).await?;
             let too_large = || Error::FileTooLarge { path: path.to_string(), limit };
             if opened.size > limit {
                 return Err(too_large());

@@ -19,7 +19,7 @@ use crate::model::secrets::{SecretInfo, SecretRequest};
 use crate::model::session::{CreateSessionRequest, Mode, SessionInfo, StatusAnswer};
 use crate::names;
 use crate::run;
-use crate::session::Lease;
+use crate::session::Taken;
 use crate::workspace;
 use futures_util::future::BoxFuture;
 use std::os::unix::ffi::OsStrExt;
@@ -81,11 +81,11 @@ impl Operations for Service {
     ) -> BoxFuture<'a, Result<RunDone, Error>> {
         Box::pin(async move {
             let owner = caller.owner();
-            let lease = match &req.session_id {
+            let taken = match &req.session_id {
                 Some(id) => {
-                    let lease = self.sessions.lease(id, owner)?;
-                    check_policy(&req, &lease)?;
-                    lease
+                    let taken = self.sessions.lease(id, owner)?;
+                    check_policy(&req, &taken)?;
+                    taken
                 }
                 None => {
                     let policy = self.sessions.policy(req.policy.as_deref())?;
@@ -97,7 +97,7 @@ impl Operations for Service {
                     self.sessions.check_run_quota(owner)?;
                     let info = self.sessions.create(None, req.policy.as_deref(), Mode::Script, None, owner).await?;
                     match self.sessions.lease(&info.id, owner) {
-                        Ok(lease) => lease,
+                        Ok(taken) => taken,
                         Err(e) => {
                             // Another run of the token's took the last place meanwhile.
                             let _ = self.sessions.close(&info.id, owner).await;
@@ -109,6 +109,8 @@ impl Operations for Service {
             if self.draining.load(Ordering::SeqCst) {
                 return Err(Error::ShuttingDown);
             }
+            // Taken before the drain began: the drain waits for it from here on.
+            let lease = taken.mount().await?;
             // The run is accepted: from here on it has a record, written beside the
             // sandbox's start rather than before it.
             let run_id = run::new_run_id();
@@ -159,7 +161,7 @@ impl Operations for Service {
             // An unknown session is told so at once, not after a wait for a place.
             self.sessions.get(id, caller.owner())?;
             let slot = self.listings.take(caller.owner()).await?;
-            let (ws, _, hold) = self.open_workspace(caller, id)?;
+            let (ws, _, hold) = self.open_workspace(caller, id).await?;
             let prefix = format!("{}/v1/sessions/{id}/files/", self.ctx.public_url);
             let (mut files, walked, slot) = tokio::task::spawn_blocking(move || {
                 // The place goes with the walk: a client that leaves meanwhile does
@@ -175,34 +177,50 @@ impl Operations for Service {
         })
     }
 
-    fn open_file(&self, caller: &Caller, id: &str, path: &str) -> Result<OpenFile, Error> {
-        let rel = workspace::path_of_text(path)?;
-        let (ws, _, hold) = self.open_workspace(caller, id)?;
-        let (file, meta) = ws.open_read(&rel)?;
-        let name = rel.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-        Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name, hold: Some(hold) })
+    fn open_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<OpenFile, Error>> {
+        Box::pin(async move {
+            let rel = workspace::path_of_text(path)?;
+            let (ws, _, hold) = self.open_workspace(caller, id).await?;
+            let (file, meta) = ws.open_read(&rel)?;
+            let name = rel.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+            Ok(OpenFile { file, size: meta.size, mime_type: artifacts::mime_type(&rel), name, hold: Some(hold) })
+        })
     }
 
-    fn create_file(
-        &self,
-        caller: &Caller,
-        id: &str,
-        path: &str,
+    fn create_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
         overwrite: bool,
-    ) -> Result<Box<dyn FileUpload>, Error> {
-        let rel = workspace::path_of_text(path)?;
-        let (ws, info, hold) = self.open_workspace(caller, id)?;
-        let limit = self.sessions.policy(Some(&info.policy))?.upload_bytes();
-        let file = ws.create(&rel, overwrite)?;
-        let url = self.file_url(id, &rel);
-        Ok(Box::new(Upload::new(ws, rel, file, limit, url, hold)))
+    ) -> BoxFuture<'a, Result<Box<dyn FileUpload>, Error>> {
+        Box::pin(async move {
+            let rel = workspace::path_of_text(path)?;
+            let (ws, info, hold) = self.open_workspace(caller, id).await?;
+            let limit = self.sessions.policy(Some(&info.policy))?.upload_bytes();
+            let file = ws.create(&rel, overwrite)?;
+            let url = self.file_url(id, &rel);
+            Ok(Box::new(Upload::new(ws, rel, file, limit, url, hold)) as Box<dyn FileUpload>)
+        })
     }
 
-    fn delete_file(&self, caller: &Caller, id: &str, path: &str) -> Result<StatusAnswer, Error> {
-        let rel = workspace::path_of_text(path)?;
-        let (ws, _, _hold) = self.open_workspace(caller, id)?;
-        ws.remove(&rel)?;
-        Ok(StatusAnswer { status: "deleted".into(), path: Some(names::text(rel.as_os_str().as_bytes())) })
+    fn delete_file<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<StatusAnswer, Error>> {
+        Box::pin(async move {
+            let rel = workspace::path_of_text(path)?;
+            let (ws, _, _hold) = self.open_workspace(caller, id).await?;
+            ws.remove(&rel)?;
+            Ok(StatusAnswer { status: "deleted".into(), path: Some(names::text(rel.as_os_str().as_bytes())) })
+        })
     }
 
     fn condition(&self) -> BoxFuture<'_, Condition> {
@@ -219,6 +237,7 @@ impl Operations for Service {
                 cgroup: ctx.sandboxes.cgroups.describe(),
                 sessions: self.sessions.count(),
                 busy_sessions: self.sessions.busy_count(),
+                storage: self.sessions.storage_stats(),
                 pool: ctx.pool.stats(),
             }
         })
@@ -235,11 +254,12 @@ impl Operations for Service {
         req: InstallRequest,
     ) -> BoxFuture<'a, Result<InstallResult, Error>> {
         Box::pin(async move {
-            let lease = self.sessions.lease(id, caller.owner())?;
-            crate::packages::check(&lease.policy, &req.packages)?;
+            let taken = self.sessions.lease(id, caller.owner())?;
+            crate::packages::check(taken.policy(), &req.packages)?;
             if self.draining.load(Ordering::SeqCst) {
                 return Err(Error::ShuttingDown);
             }
+            let lease = taken.mount().await?;
             let ctx = self.ctx.clone();
             // In a task of its own, as a run: a caller that goes away does not
             // abort the install halfway (the layer is swapped whole or not at all).
@@ -324,16 +344,18 @@ fn record_error(e: &Error) -> String {
 }
 
 /// A run in an existing session keeps the session's policy.
-fn check_policy(req: &RunRequest, lease: &Lease) -> Result<(), Error> {
+fn check_policy(req: &RunRequest, taken: &Taken) -> Result<(), Error> {
+    let policy = taken.policy();
     match &req.policy {
-        Some(p) if *p != lease.policy.name => Err(Error::InvalidRequest(format!(
+        Some(p) if *p != policy.name => Err(Error::InvalidRequest(format!(
             "session {:?} uses policy {:?}; a session's policy is fixed: create a new session for policy {p:?}",
-            lease.id, lease.policy.name
+            taken.key(),
+            policy.name
         ))),
         _ => {
-            run::validate(req, &lease.policy)?;
+            run::validate(req, policy)?;
             if let Some(packages) = &req.packages {
-                crate::packages::check(&lease.policy, packages)?;
+                crate::packages::check(policy, packages)?;
             }
             Ok(())
         }

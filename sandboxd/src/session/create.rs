@@ -1,5 +1,7 @@
 //! Making a session: its id reserved under the quotas (and the state
-//! directory's room), then its workspace made and mounted, and only then ready.
+//! directory's room), then its directory and description made, and only then
+//! ready. Its workspace is made at its first use (`mounts.rs`): a session held
+//! but not used costs a directory and its description.
 
 use super::{key, new_id, rfc3339, shown, validate_id, Error, Live, Manager, Phase, TEARDOWN_WAIT};
 use crate::model::policy::Policy;
@@ -12,9 +14,9 @@ impl Manager {
     ///
     /// A key whose earlier session is still being torn down stays taken until
     /// that ends: the create waits for it (at most [`TEARDOWN_WAIT`], then
-    /// `session_exists`). The session is reachable only once its workspace is
-    /// mounted; the work runs in a task of its own, so a caller that goes away
-    /// midway cannot leave the key reserved.
+    /// `session_exists`). The session is reachable only once its directory and
+    /// description are made; the work runs in a task of its own, so a caller that
+    /// goes away midway cannot leave the key reserved.
     pub async fn create(
         self: &Arc<Self>,
         id: Option<String>,
@@ -50,14 +52,14 @@ impl Manager {
             let _ = tokio::time::timeout(Duration::from_secs(1), torn_down).await;
         };
         let this = self.clone();
-        let made = tokio::spawn(async move { this.make_workspace(&key, &info, &policy).await.map(|()| info) }).await;
+        let made = tokio::spawn(async move { this.make_session(&key, &info).await.map(|()| info) }).await;
         let info = made.map_err(|e| Error::Workspace(std::io::Error::other(e)))??;
         Ok(shown(&info, false, owner))
     }
 
-    /// Make and mount the workspace of the reserved `key`, then make it ready;
-    /// on failure, remove what was made and free the key.
-    async fn make_workspace(&self, key: &str, info: &SessionInfo, policy: &Policy) -> Result<(), Error> {
+    /// Make the directory of the reserved `key` and its description, then make it
+    /// ready; on failure, remove what was made and free the key.
+    async fn make_session(&self, key: &str, info: &SessionInfo) -> Result<(), Error> {
         let dir = self.session_dir(key);
         if dir.exists() {
             // What a failed teardown left of an earlier session of this key: the
@@ -66,21 +68,8 @@ impl Manager {
             let _ = self.storage.unmount(&dir).await;
             let _ = std::fs::remove_dir_all(&dir);
         }
-        let made = async {
-            std::fs::create_dir_all(&dir)?;
-            // The package layer with the workspace, side by side: a session's first
-            // run finds it made (any run may `pip install`), at no cost in time.
-            let layer = async {
-                match policy.layer_bytes() {
-                    0 => Ok(()),
-                    size => self.storage.create_layer(&dir, size, info.uid).await,
-                }
-            };
-            tokio::try_join!(self.storage.create(&dir, policy.workspace_bytes(), info.uid), layer).map(|_| ())
-        }
-        .await;
+        let made = std::fs::create_dir(&dir).and_then(|()| self.storage.prepare(&dir, info.uid));
         if let Err(e) = made {
-            let _ = self.storage.unmount(&dir).await;
             let _ = std::fs::remove_dir_all(&dir);
             self.lock().remove(key);
             self.idle.notify_waiters();
@@ -116,7 +105,7 @@ impl Manager {
         self.check_storage(&map, policy)?;
         // A uid of the sessions' range that no session holds (a closing one's
         // processes may still run as its own): never one of the pool's.
-        let used: Vec<u32> = map.values().map(|l| l.info.uid).collect();
+        let used: std::collections::HashSet<u32> = map.values().map(|l| l.info.uid).collect();
         let uid = crate::uids::free(self.uid_range(), |u| used.contains(&u)).ok_or_else(|| {
             let closing = map.values().filter(|l| l.phase == Phase::Closing).count();
             Error::MaxSessions { max: self.max_sessions, closing }
@@ -133,7 +122,7 @@ impl Manager {
             uid,
             busy: false,
         };
-        // Reserved, unreachable by any route until its workspace is mounted.
+        // Reserved, unreachable by any route until its directory is made.
         map.insert(key.to_string(), Live::new(info.clone(), now, Phase::Creating, self.next_epoch()));
         Ok(Some(info))
     }
@@ -144,11 +133,9 @@ mod tests {
     use super::super::testing::{dir, manager, KEY_A, OTHER, OWNER};
     use super::*;
     use crate::storage::fake::Dirs;
-    use std::collections::BTreeSet;
-    use std::sync::atomic::Ordering;
 
     #[tokio::test]
-    async fn a_session_is_made_mounted_and_recorded_then_found_by_its_owner_only() {
+    async fn a_session_is_made_and_recorded_then_found_by_its_owner_only() {
         let state = tempfile::tempdir().unwrap();
         let storage = Arc::new(Dirs::default());
         let m = Arc::new(manager(state.path(), &storage, 4));
@@ -159,8 +146,8 @@ mod tests {
         );
         assert!(m.uid_range().contains(&info.uid), "{}", info.uid);
         let dir = dir(state.path(), KEY_A);
-        // The workspace and, its policy allowing packages, the package layer.
-        assert_eq!(storage.mounted(), BTreeSet::from([dir.join("data"), dir.join("packages")]));
+        // Nothing is mounted or made before its first use (`mounts.rs`).
+        assert!(storage.mounted().is_empty() && !dir.join("workspace.img").exists());
         let stored: SessionInfo = serde_json::from_slice(&std::fs::read(dir.join("session.json")).unwrap()).unwrap();
         assert_eq!((stored.id.as_str(), stored.uid, stored.owner.as_deref()), ("a", info.uid, Some(OWNER)));
         // Its token finds it by id, the operator by key, another token not at all.
@@ -201,16 +188,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_workspace_that_cannot_be_made_leaves_nothing_and_frees_the_id() {
+    async fn a_session_whose_directory_cannot_be_made_is_refused_and_frees_the_id() {
         let state = tempfile::tempdir().unwrap();
         let storage = Arc::new(Dirs::default());
         let m = Arc::new(manager(state.path(), &storage, 4));
-        storage.fail_create.store(true, Ordering::Relaxed);
+        let sessions = state.path().join("sessions");
+        std::fs::remove_dir(&sessions).unwrap();
+        std::fs::write(&sessions, "not a directory").unwrap();
         let failed = m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await;
-        assert!(matches!(failed, Err(Error::Workspace(_))), "{failed:?}");
+        assert!(matches!(&failed, Err(Error::Workspace(e)) if e.raw_os_error() == Some(libc::ENOTDIR)), "{failed:?}");
         assert_eq!(m.count(), 0);
-        assert!(!dir(state.path(), KEY_A).exists(), "what was made is removed");
-        assert!(storage.mounted().is_empty());
+        std::fs::remove_file(&sessions).unwrap();
+        std::fs::create_dir(&sessions).unwrap();
         m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
         assert_eq!(m.count(), 1);
     }

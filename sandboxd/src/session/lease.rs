@@ -79,6 +79,8 @@ impl Drop for Lease {
         };
         if let Some(info) = saved {
             self.manager.persist(&info);
+            // What the run wrote is no longer room.
+            self.manager.refresh_room(&self.id);
         }
         {
             let mut map = self.manager.lock();
@@ -94,6 +96,29 @@ impl Drop for Lease {
             }
         }
         self.manager.idle.notify_waiters();
+    }
+}
+
+/// A session taken for one run whose workspace is not mounted yet: the run
+/// holds the session (it is busy), and [`Taken::mount`] gives its [`Lease`].
+pub struct Taken(Lease);
+
+impl Taken {
+    /// The session's policy.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.0.policy
+    }
+
+    /// The session's key.
+    pub fn key(&self) -> &str {
+        &self.0.id
+    }
+
+    /// Mount the session's workspace (made at its first use: `mounts.rs`); the
+    /// session is freed should that fail.
+    pub async fn mount(self) -> Result<Lease, Error> {
+        self.0.manager.mount_workspace(&self.0.id).await?;
+        Ok(self.0)
     }
 }
 
@@ -143,12 +168,22 @@ impl Use {
 
 impl Drop for Use {
     fn drop(&mut self) {
-        if let Some(live) = self.manager.lock().get_mut(&self.key).filter(|l| l.epoch == self.epoch) {
-            if self.body {
-                live.bodies = live.bodies.saturating_sub(1);
-            } else {
-                live.users = live.users.saturating_sub(1);
-            }
+        let ours = {
+            let mut map = self.manager.lock();
+            let live = map.get_mut(&self.key).filter(|l| l.epoch == self.epoch);
+            live.map(|live| {
+                if self.body {
+                    live.bodies = live.bodies.saturating_sub(1);
+                } else {
+                    live.users = live.users.saturating_sub(1);
+                }
+                live.room.is_some()
+            })
+        };
+        // What an upload wrote is no longer room (a session whose images are not
+        // made yet has its policy's sizes: nothing to read).
+        if ours == Some(true) && !self.body {
+            self.manager.refresh_room(&self.key);
         }
         self.manager.idle.notify_waiters();
     }
@@ -157,7 +192,7 @@ impl Drop for Use {
 /// A ready session's workspace, opened for one file operation.
 pub struct Opened {
     pub info: SessionInfo,
-    /// The mounted workspace's root directory.
+    /// The workspace's root directory (mounted if opened by [`Manager::open_mounted`]).
     pub workspace: PathBuf,
     /// The session's run records.
     pub records: Records,
@@ -166,8 +201,9 @@ pub struct Opened {
 }
 
 impl Manager {
-    /// Session `id`'s mounted workspace for one file operation, held until the
-    /// returned [`Use`] is dropped (its teardown waits for that).
+    /// Session `id` for one file operation, held until the returned [`Use`] is
+    /// dropped (its teardown waits for that); its workspace is not mounted here
+    /// (what needs it: [`Manager::open_mounted`]), its run records are there.
     pub fn open(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Opened, Error> {
         let key = key(id, owner)?;
         let mut map = self.lock();
@@ -185,8 +221,18 @@ impl Manager {
         Ok(Opened { info, workspace: self.workspace(&key), records: self.records(&key), hold })
     }
 
+    /// Session `id`'s workspace for one file operation, mounted (made at its
+    /// first use: `mounts.rs`), held until the returned [`Use`] is dropped.
+    pub async fn open_mounted(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Opened, Error> {
+        let opened = self.open(id, owner)?;
+        self.mount_workspace(&opened.hold.key).await?;
+        Ok(opened)
+    }
+
     /// Take the session for one run; `session_busy` at once if a run holds it.
-    pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Lease, Error> {
+    /// The run holds it from now on (a drain waits for it); its workspace is
+    /// mounted (made at its first use) by [`Taken::mount`], which gives the [`Lease`].
+    pub fn lease(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Taken, Error> {
         let key = key(id, owner)?;
         let mut map = self.lock();
         match Self::ready(&map, &key, owner) {
@@ -201,7 +247,7 @@ impl Manager {
         live.busy = true;
         live.cancel = Some(tx);
         let epoch = live.epoch;
-        Ok(Lease {
+        Ok(Taken(Lease {
             epoch,
             manager: self.clone(),
             id: key.clone(),
@@ -211,7 +257,7 @@ impl Manager {
             workspace: self.workspace(&key),
             mode: live.info.mode,
             cancel: rx,
-        })
+        }))
     }
 
     /// Kill the run in flight in session `id`, if any. Returns whether one was.
@@ -249,7 +295,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_takes_the_session_for_one_run_and_saves_its_last_use() {
         let (state, m) = one_session().await;
-        let lease = m.lease("a", Some(OWNER)).unwrap();
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
         assert_eq!(
             (lease.id.as_str(), lease.public_id.as_str(), lease.mode, lease.policy.name.as_str()),
             (KEY_A, "a", Mode::Script, "default")
@@ -272,7 +318,7 @@ mod tests {
         let stored: SessionInfo = serde_json::from_slice(&json).unwrap();
         assert_eq!((stored.last_used_at, stored.busy), (now.last_used_at, false));
         assert!(!m.cancel_run("a", Some(OWNER)).unwrap(), "no run to cancel");
-        m.lease("a", Some(OWNER)).unwrap();
+        m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
     }
 
     #[tokio::test]

@@ -16,6 +16,7 @@
 //! This file holds the manager, its live state and the one lookup every route
 //! goes through (`Manager::ready`); beside it, one file per role: `key.rs` (ids,
 //! tenant keys), `lease.rs` (a run's [`Lease`], a file operation's [`Use`]),
+//! `mounts.rs` (a workspace mounted at its session's use, unmounted when idle),
 //! `quota.rs` (sessions and runs held, the state directory's room), `create.rs`,
 //! `teardown.rs` (close, expiry) and `recover.rs` (restart, shutdown).
 
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 mod create;
 mod key;
 mod lease;
+mod mounts;
 mod quota;
 mod recover;
 pub mod secrets;
@@ -44,7 +46,7 @@ mod testing;
 
 pub use key::{key, new_id, rfc3339, validate_id};
 use key::{key_of, shown};
-pub use lease::{Lease, Opened, Use};
+pub use lease::{Lease, Opened, Taken, Use};
 use quota::closing_note;
 
 /// What can go wrong with a session; the API edge maps each to its HTTP answer.
@@ -72,10 +74,12 @@ pub enum Error {
     TokenMaxRuns(usize),
     /// The state directory's filesystem cannot hold every session's workspace
     /// filled up, this new one included.
-    #[error("the state directory's filesystem has {free_mb} MiB free, but the sessions held could grow by {held_mb} MiB and this one needs {wanted_mb} MiB (its workspace, package layer and run records; policy {policy:?}): close sessions you no longer need, free disk space, or use a policy with a smaller workspace_mb or packages_mb")]
-    InsufficientStorage { free_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
-    /// The session's workspace could not be made (a host failure, not the caller's).
-    #[error("creating the session workspace: {0}")]
+    /// `room_mb`: what the images may add up to (`free_mb` times `workspace_overcommit`).
+    #[error("the state directory's filesystem has {free_mb} MiB free{}, but the sessions held could grow by {held_mb} MiB and this one needs {wanted_mb} MiB (its workspace, package layer and run records; policy {policy:?}): close sessions you no longer need, free disk space, use a policy with a smaller workspace_mb or packages_mb, or raise workspace_overcommit", overcommitted(*free_mb, *room_mb))]
+    InsufficientStorage { free_mb: u64, room_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
+    /// The session's workspace could not be made or mounted (a host failure, or
+    /// the host disk full: `StorageFull`).
+    #[error("making or mounting the session's workspace: {0}")]
     Workspace(std::io::Error),
     /// A secret the session cannot take; the text says why.
     #[error("{0}")]
@@ -86,11 +90,20 @@ pub enum Error {
     SecretNotFound { session: String, name: String },
     /// The state directory's filesystem could not hold a new package layer full,
     /// with every session's images full too.
-    #[error("the state directory's filesystem has {free_mb} MiB free, the sessions' workspaces and package layers may take {held_mb} MiB of it, and this session's package layer may hold {wanted_mb} MiB (policy {policy:?}'s packages_mb): free disk space, close sessions, or use a policy with a smaller packages_mb")]
-    LayerNoRoom { free_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
+    #[error("the state directory's filesystem has {free_mb} MiB free{}, the sessions' workspaces and package layers may take {held_mb} MiB of it, and this session's package layer may hold {wanted_mb} MiB (policy {policy:?}'s packages_mb): free disk space, close sessions, use a policy with a smaller packages_mb, or raise workspace_overcommit", overcommitted(*free_mb, *room_mb))]
+    LayerNoRoom { free_mb: u64, room_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
     /// The session's package layer could not be made (a host failure).
     #[error("making the session's package layer: {0}")]
     Layer(std::io::Error),
+}
+
+/// How a storage refusal names the room `workspace_overcommit` gives beyond
+/// what is free.
+fn overcommitted(free_mb: u64, room_mb: u64) -> String {
+    match room_mb > free_mb {
+        true => format!(" (sessions' images may add up to {room_mb} MiB: workspace_overcommit)"),
+        false => String::new(),
+    }
 }
 
 /// Where a session is in its life. Only a `Ready` session is reachable by any
@@ -132,6 +145,12 @@ struct Live {
     kernel_lost: bool,
     /// Its secrets' placeholders, and its own secrets (memory only).
     secrets: secrets::Held,
+    /// Whether its workspace is mounted now; held while it is being mounted or
+    /// unmounted (`mounts.rs`).
+    mount: Arc<tokio::sync::Mutex<bool>>,
+    /// How much more of the host disk its images may take, as last seen
+    /// ([`Storage::room`]); `None` before they are made (its policy's sizes).
+    room: Option<u64>,
 }
 
 impl Live {
@@ -149,6 +168,8 @@ impl Live {
             torn_down: false,
             kernel_lost: false,
             secrets: secrets::Held::default(),
+            mount: Arc::new(tokio::sync::Mutex::new(false)),
+            room: None,
         }
     }
 }
@@ -177,6 +198,9 @@ pub struct Manager {
     policy_secrets: secrets::PolicySecrets,
     /// Held while a package layer is made ([`Manager::package_layer`]).
     making_layer: tokio::sync::Mutex<()>,
+    /// How many times the room the state directory's filesystem has free the
+    /// sessions' images may add up to (`workspace_overcommit`: images are sparse).
+    overcommit: f64,
 }
 
 /// In a session's directory: the session has had a kernel (so a restart lost one).
@@ -222,6 +246,7 @@ impl Manager {
             storage: Arc::new(storage::LoopImages::new(state_dir.join("blank-images"))),
             policy_secrets: secrets::PolicySecrets::new(),
             making_layer: tokio::sync::Mutex::new(()),
+            overcommit: 1.0,
         })
     }
 
@@ -235,6 +260,13 @@ impl Manager {
     /// `storage::fake::Dirs`).
     pub fn with_storage(mut self, storage: Arc<dyn Storage>) -> Manager {
         self.storage = storage;
+        self
+    }
+
+    /// Let the sessions' images add up to `overcommit` times the room the state
+    /// directory's filesystem has free (at least 1).
+    pub fn with_overcommit(mut self, overcommit: f64) -> Manager {
+        self.overcommit = overcommit.max(1.0);
         self
     }
 
@@ -296,10 +328,12 @@ impl Manager {
             let size = policy.packages_mb * 1024 * 1024;
             if let Some(free) = self.storage.free(&self.dir) {
                 let held = self.held_storage(&self.lock());
-                if held.saturating_add(size) > free {
+                let room = self.capacity(free);
+                if held.saturating_add(size) > room {
                     const MIB: u64 = 1024 * 1024;
                     return Err(Error::LayerNoRoom {
                         free_mb: free / MIB,
+                        room_mb: room / MIB,
                         held_mb: held.div_ceil(MIB),
                         wanted_mb: policy.packages_mb,
                         policy: policy.name.clone(),

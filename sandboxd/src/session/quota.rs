@@ -53,10 +53,12 @@ impl Manager {
         let held = self.held_storage(map);
         let wanted =
             policy.workspace_bytes().saturating_add(policy.layer_bytes()).saturating_add(crate::records::RESERVE);
-        if held.saturating_add(wanted) > free {
+        let room = self.capacity(free);
+        if held.saturating_add(wanted) > room {
             const MIB: u64 = 1024 * 1024;
             return Err(Error::InsufficientStorage {
                 free_mb: free / MIB,
+                room_mb: room / MIB,
                 held_mb: held.div_ceil(MIB),
                 wanted_mb: wanted.div_ceil(MIB),
                 policy: policy.name.clone(),
@@ -67,20 +69,38 @@ impl Manager {
 
     /// Bytes of the state directory's filesystem the sessions may still take:
     /// each session's images (workspace, package layer) up to their sizes, and
-    /// its run records' room.
+    /// its run records' room. What the images take is as last seen
+    /// ([`Live::room`]): no disk is read here, so a create costs the same with
+    /// ten thousand sessions held as with one.
     pub(super) fn held_storage(&self, map: &HashMap<String, Live>) -> u64 {
-        map.iter()
-            .filter(|(_, l)| l.phase != Phase::Closing)
-            .map(|(key, l)| {
-                // The images' own sizes (the policy may have changed since they
-                // were made), less what they already take; a session not made
-                // yet, its policy's sizes.
-                let room = self.storage.room(&self.session_dir(key)).unwrap_or_else(|| {
+        map.values()
+            .filter(|l| l.phase != Phase::Closing)
+            .map(|l| {
+                // A session whose images are not made yet: its policy's sizes (the
+                // policy may have changed since images were made: theirs count).
+                let room = l.room.unwrap_or_else(|| {
                     self.policies.get(&l.info.policy).map(|p| p.workspace_bytes() + p.layer_bytes()).unwrap_or(0)
                 });
                 room.saturating_add(crate::records::RESERVE)
             })
             .sum()
+    }
+
+    /// What the sessions' images may add up to when the state directory's
+    /// filesystem has `free` bytes free: `workspace_overcommit` times that.
+    pub(super) fn capacity(&self, free: u64) -> u64 {
+        // f64 holds any byte count of a real disk to well within a block.
+        (free as f64 * self.overcommit).min(u64::MAX as f64) as u64
+    }
+
+    /// The sessions' workspaces and the state directory's disk, as health shows them.
+    pub fn storage_stats(&self) -> crate::model::health::StorageStats {
+        crate::model::health::StorageStats {
+            workspaces_mounted: self.mounted_count(),
+            workspace_overcommit: self.overcommit,
+            free_bytes: self.storage.free(&self.dir),
+            held_bytes: self.held_storage(&self.lock()),
+        }
     }
 
     /// A token's runs going at once must stay below its quota.
@@ -118,10 +138,9 @@ impl Manager {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{dir, manager, OTHER, OWNER};
+    use super::super::testing::{manager, OTHER, OWNER};
     use super::*;
     use crate::storage::fake::Dirs;
-    use crate::storage::Storage;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
@@ -162,17 +181,17 @@ mod tests {
         for (id, owner) in [("a", Some(OWNER)), ("b", Some(OWNER)), ("x", Some(OTHER)), ("o", None)] {
             m.create(Some(id.into()), None, Mode::Script, None, owner).await.unwrap();
         }
-        let first = m.lease("a", Some(OWNER)).unwrap();
+        let first = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
         assert!(matches!(m.check_run_quota(Some(OWNER)), Err(Error::TokenMaxRuns(1))));
         assert!(matches!(m.lease("b", Some(OWNER)), Err(Error::TokenMaxRuns(1))));
         // Another token's runs, and the operator's, are not this token's.
         m.check_run_quota(Some(OTHER)).unwrap();
-        let theirs = m.lease("x", Some(OTHER)).unwrap();
-        let operators = m.lease("o", None).unwrap();
+        let theirs = m.lease("x", Some(OTHER)).unwrap().mount().await.unwrap();
+        let operators = m.lease("o", None).unwrap().mount().await.unwrap();
         assert_eq!(m.busy_count(), 3);
         drop(first);
         m.check_run_quota(Some(OWNER)).unwrap();
-        let second = m.lease("b", Some(OWNER)).unwrap();
+        let second = m.lease("b", Some(OWNER)).unwrap().mount().await.unwrap();
         drop((second, theirs, operators));
         assert_eq!(m.busy_count(), 0);
     }
@@ -188,26 +207,54 @@ mod tests {
         storage.free.store(2 * wanted, Ordering::Relaxed);
         m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
         m.create(Some("b".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
-        // What each can still grow by: its image's size less what it takes.
-        let held: u64 = ["a", "b"]
-            .iter()
-            .map(|id| storage.room(&dir(state.path(), &format!("{}.{id}", &OWNER[..16]))).unwrap())
-            .map(|room| room + crate::records::RESERVE)
-            .sum();
+        // Not used yet: each counts its policy's sizes.
         let refused = m.create(Some("c".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap_err();
-        let expected = (2 * wanted / MIB, held.div_ceil(MIB), wanted.div_ceil(MIB));
-        match refused {
-            Error::InsufficientStorage { free_mb, held_mb, wanted_mb, policy } => {
+        let expected = (2 * wanted / MIB, 2 * wanted / MIB, 2 * wanted / MIB, wanted.div_ceil(MIB));
+        match &refused {
+            Error::InsufficientStorage { free_mb, room_mb, held_mb, wanted_mb, policy } => {
                 assert_eq!(
-                    (free_mb, held_mb, wanted_mb, policy.as_str()),
-                    (expected.0, expected.1, expected.2, "default")
+                    (*free_mb, *room_mb, *held_mb, *wanted_mb, policy.as_str()),
+                    (expected.0, expected.1, expected.2, expected.3, "default")
                 )
             }
             other => panic!("{other:?}"),
         }
+        assert!(!refused.to_string().contains("workspace_overcommit)"), "{refused}");
         assert_eq!(m.count(), 2, "the refused one holds nothing");
+        // Used, each counts what its images can still take: here all of the
+        // workspace (the fake's images take nothing), no package layer yet.
+        drop(m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap());
+        assert_eq!(m.held_storage(&m.lock()), wanted + MIB + crate::records::RESERVE);
         // With room enough, it is made.
         storage.free.store(u64::MAX, Ordering::Relaxed);
         m.create(Some("c".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn workspace_overcommit_lets_images_add_up_to_that_many_times_the_free_room() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 64).with_overcommit(2.5));
+        let wanted = 2 * MIB + crate::records::RESERVE;
+        storage.free.store(2 * wanted, Ordering::Relaxed);
+        // Two sessions fit in what is free; two and a half times that holds five.
+        for id in ["a", "b", "c", "d", "e"] {
+            m.create(Some(id.into()), None, Mode::Script, None, None).await.unwrap();
+        }
+        let refused = m.create(Some("f".into()), None, Mode::Script, None, None).await.unwrap_err();
+        match &refused {
+            Error::InsufficientStorage { free_mb, room_mb, held_mb, .. } => {
+                assert_eq!((*free_mb, *room_mb, *held_mb), (2 * wanted / MIB, 5 * wanted / MIB, 5 * wanted / MIB))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(refused.to_string().contains("may add up to"), "{refused}");
+        let stats = m.storage_stats();
+        assert_eq!(
+            (stats.workspace_overcommit, stats.free_bytes, stats.held_bytes),
+            (2.5, Some(2 * wanted), 5 * wanted)
+        );
+        // Less than 1 is taken as 1: never fewer sessions than the disk holds full.
+        assert_eq!(manager(state.path(), &storage, 4).with_overcommit(0.5).overcommit, 1.0);
     }
 }

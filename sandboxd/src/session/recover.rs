@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 impl Manager {
-    /// Take back the sessions an earlier instance left (mounting their workspaces),
-    /// and remove expired ones and any mount that belongs to no session.
+    /// Take back the sessions an earlier instance left (their workspaces are
+    /// mounted at their next use), and remove expired ones and any mount that
+    /// belongs to no session.
     ///
     /// `rekey` holds (old owner id, new owner id) pairs: a session whose owner is
     /// an old id is moved to the new one first (its directory renamed to its new
@@ -47,7 +48,7 @@ impl Manager {
                 None => Err(std::io::Error::other("expired or invalid")),
             };
             match (keep, mounted) {
-                (Some(info), Ok(())) => {
+                (Some(info), Ok(mounted)) => {
                     let last_used = humantime::parse_rfc3339(&info.last_used_at).unwrap_or(UNIX_EPOCH);
                     // Runs the earlier daemon had going ended with it.
                     let records = Records::of(&path);
@@ -61,6 +62,9 @@ impl Manager {
                         }
                     }
                     let mut live = Live::new(info, last_used, Phase::Ready, self.next_epoch());
+                    // Mounted at its next use, unless the earlier daemon's end left it so.
+                    live.mount = std::sync::Arc::new(tokio::sync::Mutex::new(mounted));
+                    live.room = self.storage.room(&path);
                     // A kernel session whose kernel ever started had variables: gone.
                     live.kernel_lost = live.info.mode == Mode::Kernel && path.join(KERNEL_STARTED).exists();
                     self.lock().insert(key_of(&live.info), live);
@@ -128,6 +132,12 @@ impl Manager {
             map.keys().cloned().collect()
         };
         for id in ids {
+            let Some(mount) = self.lock().get(&id).map(|l| l.mount.clone()) else { continue };
+            let mut mounted = mount.lock().await;
+            if !*mounted {
+                continue;
+            }
+            *mounted = false;
             if let Err(e) = self.storage.unmount(&self.session_dir(&id)).await {
                 tracing::warn!(session_id = %id, error = %e, "could not unmount a workspace");
             }
@@ -204,11 +214,13 @@ mod tests {
         let storage = Arc::new(Dirs::default());
         storage.mount(&sessions.join("junk"));
         storage.mount(&sessions.join("gone"));
+        // The earlier daemon's end left `a`'s workspace mounted; `c` was not.
+        storage.mount(&dir(state.path(), KEY_A));
 
         let after = manager(state.path(), &storage, 4);
         assert_eq!(after.recover(&[]).await, 2);
-        let mounted = BTreeSet::from([dir(state.path(), KEY_A).join("data"), dir(state.path(), "c").join("data")]);
-        assert_eq!(storage.mounted(), mounted);
+        assert_eq!(storage.mounted(), BTreeSet::from([dir(state.path(), KEY_A).join("data")]));
+        assert_eq!(after.mounted_count(), 1);
         assert!(!sessions.join("b").exists() && !sessions.join("junk").exists());
         let back = after.get("a", Some(OWNER)).unwrap();
         assert_eq!((back.mode, back.uid, back.created_at), (Mode::Kernel, a.uid, a.created_at));

@@ -80,6 +80,12 @@ impl Manager {
         }
         self.kernels.stop(key).await;
         let dir = self.session_dir(key);
+        // Not while a use is still mounting it.
+        let mount = self.lock().get(key).map(|l| l.mount.clone());
+        let _mounting = match &mount {
+            Some(m) => Some(m.lock().await),
+            None => None,
+        };
         if let Err(e) = self.storage.unmount(&dir).await {
             tracing::warn!(session_id = %key, error = %e, "could not unmount the session's workspace");
         }
@@ -198,7 +204,7 @@ mod tests {
 
         // A run that outlives the deadline: its key (and uid) stay taken, and
         // counted, until its lease drops.
-        let lease = m.lease("a", Some(OWNER)).unwrap();
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
         m.close("a", Some(OWNER)).await.unwrap();
         assert!(m.lock().get(&key).is_some_and(|l| l.torn_down && l.phase == Phase::Closing));
         assert!(!m.session_dir(&key).exists());
@@ -212,6 +218,7 @@ mod tests {
         let storage = Arc::new(Dirs::default());
         let m = Arc::new(super::super::testing::manager(state.path(), &storage, 4));
         m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        drop(m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap());
         assert!(!storage.mounted().is_empty());
         let theirs = m.close("a", Some("fedcba9876543210fedcba9876543210")).await;
         assert!(matches!(theirs, Err(super::super::Error::NotFound(_))), "another token cannot close it");
@@ -237,7 +244,7 @@ mod tests {
         for id in ["idle", "running", "reading", "downloading"] {
             m.lock().get_mut(&key(id)).unwrap().last_used = long_ago;
         }
-        let lease = m.lease("running", Some(OWNER)).unwrap();
+        let lease = m.lease("running", Some(OWNER)).unwrap().mount().await.unwrap();
         let reading = m.open("reading", Some(OWNER)).unwrap().hold;
         let body = m.open("downloading", Some(OWNER)).unwrap().hold.for_body();
         let reaping = tokio::spawn({

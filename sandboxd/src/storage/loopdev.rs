@@ -7,8 +7,15 @@
 //!
 //! Two daemons, or mount(8), may pick the same free device at once: the one that
 //! loses gets `EBUSY` from `LOOP_CONFIGURE` and asks again.
+//!
+//! An image is mounted again after an idle unmount. Should its filesystem still
+//! be alive then (a namespace that has not let go of it yet), its device is still
+//! bound: that device is mounted again, the same filesystem, never a second
+//! device on the same image (two filesystems writing one image would corrupt it).
 
-use linux_raw_sys::loop_device::{loop_config, LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR};
+use linux_raw_sys::loop_device::{
+    loop_config, loop_info64, LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_GET_FREE, LOOP_GET_STATUS64, LO_FLAGS_AUTOCLEAR,
+};
 use nix::mount::MsFlags;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -22,20 +29,63 @@ const ATTEMPTS: usize = 32;
 nix::ioctl_write_int_bad!(ctl_get_free, LOOP_CTL_GET_FREE);
 nix::ioctl_write_ptr_bad!(configure, LOOP_CONFIGURE, loop_config);
 nix::ioctl_write_int_bad!(clear_fd, LOOP_CLR_FD);
+nix::ioctl_read_bad!(get_status, LOOP_GET_STATUS64, loop_info64);
+
+const FLAGS: MsFlags = MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags::MS_NOATIME);
 
 /// Mount the ext4 filesystem in `image` on `target` (nosuid, nodev, noatime).
 pub fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
     let backing = OpenOptions::new().read(true).write(true).open(image)?;
+    if let Some(bound) = bound_device(&backing, image) {
+        match nix::mount::mount(Some(bound.as_path()), target, Some("ext4"), FLAGS, None::<&str>) {
+            Ok(()) => return Ok(()),
+            // Let go of between the two steps: the image is free to bind anew.
+            Err(e) => tracing::debug!(device = %bound.display(), error = %e, "a loop device being let go of"),
+        }
+    }
     let (device, path) = attach(&backing, image)?;
     drop(backing);
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
-    let mounted = nix::mount::mount(Some(path.as_path()), target, Some("ext4"), flags, None::<&str>);
+    let mounted = nix::mount::mount(Some(path.as_path()), target, Some("ext4"), FLAGS, None::<&str>);
     if let Err(e) = mounted {
         // SAFETY: LOOP_CLR_FD takes no argument; `device` is an open loop device.
         let _ = unsafe { clear_fd(device.as_raw_fd(), 0) };
         return Err(io::Error::other(format!("mount {} on {}: {e}", path.display(), target.display())));
     }
     Ok(())
+}
+
+/// The loop device still bound to `backing` (the file at `image`), if any: found
+/// by the name the kernel shows (`/sys/block/loopN/loop/backing_file`), then
+/// checked by device and inode.
+fn bound_device(backing: &File, image: &Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = backing.metadata().ok()?;
+    // The kernel shows the path resolved.
+    let wanted = std::fs::canonicalize(image).ok()?;
+    let wanted = wanted.as_os_str().as_bytes();
+    for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
+        let name = entry.file_name();
+        if !name.as_bytes().starts_with(b"loop") {
+            continue;
+        }
+        let Ok(shown) = std::fs::read(entry.path().join("loop/backing_file")) else { continue };
+        if shown.strip_suffix(b"\n").unwrap_or(&shown) != wanted {
+            continue;
+        }
+        let path = Path::new("/dev").join(&name);
+        let Ok(device) = OpenOptions::new().read(true).open(&path) else { continue };
+        // SAFETY: loop_info64 is plain integers and byte arrays: all zeroes is a
+        // valid value for the kernel to fill.
+        let mut info: loop_info64 = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a loop_info64 that outlives the call; `device` is open.
+        if unsafe { get_status(device.as_raw_fd(), &mut info) }.is_ok()
+            && info.lo_inode == meta.ino()
+            && info.lo_device == meta.dev()
+        {
+            return Some(path);
+        }
+    }
+    None
 }
 
 /// A free loop device bound to `backing` (the file at `image`), open, and its path.

@@ -216,7 +216,7 @@ async fn read(r: &Registry, caller: &Caller, a: ReadFile) -> Result<ToolOutput, 
     let sid = session_arg(&a.session_id)?;
     let limit = inline_limit(r, caller, sid)?;
     let path = a.path.as_str();
-    let opened = r.ops.open_file(caller, sid, path)?;
+    let opened = r.ops.open_file(caller, sid, path).await?;
     let (size, mime) = (opened.size, opened.mime_type.clone());
     let image = mime == "image/png" || mime == "image/jpeg";
     let fetch = || {
@@ -406,9 +406,8 @@ async fn write_file(
     overwrite: bool,
     data: Vec<u8>,
 ) -> Result<FileEntry, ToolError> {
-    let (ops, caller, id, path) = (r.ops.clone(), caller.clone(), id.to_string(), path.to_string());
+    let mut upload = r.ops.create_file(caller, id, path, overwrite).await?;
     let written = tokio::task::spawn_blocking(move || {
-        let mut upload = ops.create_file(&caller, &id, &path, overwrite)?;
         if let Err(e) = upload.write(&data) {
             upload.abort();
             return Err(e);

@@ -1,0 +1,170 @@
+//! A session's workspace mounted while it is used, not while it is held: made
+//! and mounted by its first run or file operation ([`Manager::mount_workspace`],
+//! called by [`Manager::lease`] and [`Manager::open_mounted`] once their hold is
+//! counted), and unmounted once the session has been idle for
+//! `workspace_idle_unmount_s` ([`Manager::unmount_idle`]), to be mounted again at
+//! its next use. So ten thousand sessions held cost ten thousand directories; the
+//! mounts (a loop device, a kernel thread and kernel memory each, and every new
+//! sandbox's mount namespace starts from the daemon's) follow the sessions in use.
+//!
+//! Each session's `mount` lock is held while its workspace is mounted or
+//! unmounted. A hold (a run's lease, a file operation, a body) is counted under
+//! the manager's lock before its workspace is mounted; an idle unmount takes the
+//! session's mount lock, then checks under the manager's lock that nothing holds
+//! it: a hold counted after that check waits for the mount lock and mounts the
+//! workspace again. A session whose kernel lives keeps its workspace mounted (the
+//! kernel's sandbox has it), as does one being torn down until its teardown.
+
+use super::{Error, Live, Manager, Phase};
+use std::time::{Duration, SystemTime};
+
+impl Manager {
+    /// Mount session `key`'s workspace (and its package layer, if it has one),
+    /// making it first at the session's first use; nothing if it is mounted. Call
+    /// it with a hold on the session counted.
+    pub(super) async fn mount_workspace(&self, key: &str) -> Result<(), Error> {
+        let (mount, uid, policy) = {
+            let map = self.lock();
+            let Some(live) = map.get(key) else { return Err(Self::not_found(key)) };
+            (live.mount.clone(), live.info.uid, live.info.policy.clone())
+        };
+        let mut mounted = mount.lock().await;
+        if *mounted {
+            return Ok(());
+        }
+        let size = self.policy(Some(&policy))?.workspace_bytes();
+        let dir = self.session_dir(key);
+        self.storage.open(&dir, size, uid).await.map_err(Error::Workspace)?;
+        *mounted = true;
+        drop(mounted);
+        self.refresh_room(key);
+        Ok(())
+    }
+
+    /// Note how much more of the host disk session `key`'s images may take now
+    /// (after a use: what its runs and uploads wrote is no longer room).
+    pub(super) fn refresh_room(&self, key: &str) {
+        let room = self.storage.room(&self.session_dir(key));
+        if let Some(live) = self.lock().get_mut(key) {
+            live.room = room;
+        }
+    }
+
+    /// Unmount the workspaces of ready sessions nothing has used for `after` and
+    /// nothing holds (see the module's notes); returns how many.
+    pub async fn unmount_idle(&self, after: Duration) -> usize {
+        let now = SystemTime::now();
+        let unheld = |l: &Live| l.phase == Phase::Ready && !l.busy && l.users == 0 && l.bodies == 0;
+        let idle: Vec<_> = self
+            .lock()
+            .iter()
+            .filter(|(_, l)| unheld(l) && now.duration_since(l.last_used).unwrap_or_default() >= after)
+            .map(|(key, l)| (key.clone(), l.mount.clone()))
+            .collect();
+        let mut unmounted = 0;
+        for (key, mount) in idle {
+            // One being mounted now is in use.
+            let Ok(mut mounted) = mount.try_lock() else { continue };
+            if !*mounted || self.kernels.has(&key).await {
+                continue;
+            }
+            if !self.lock().get(&key).is_some_and(unheld) {
+                continue;
+            }
+            match self.storage.unmount(&self.session_dir(&key)).await {
+                Ok(()) => {
+                    *mounted = false;
+                    unmounted += 1;
+                    tracing::debug!(session_id = %key, "idle session's workspace unmounted");
+                }
+                Err(e) => {
+                    tracing::warn!(session_id = %key, error = %e, "could not unmount an idle session's workspace")
+                }
+            }
+        }
+        unmounted
+    }
+
+    /// How many sessions have their workspace mounted now (for health and
+    /// `/metrics`); one being mounted or unmounted counts as mounted.
+    pub fn mounted_count(&self) -> usize {
+        let mounts: Vec<_> = self.lock().values().map(|l| l.mount.clone()).collect();
+        mounts.iter().filter(|m| m.try_lock().map_or(true, |m| *m)).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{dir, manager, KEY_A, OWNER};
+    use super::*;
+    use crate::model::session::Mode;
+    use crate::storage::fake::Dirs;
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_workspace_is_made_at_first_use_and_unmounted_when_idle_with_its_files() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        let session = dir(state.path(), KEY_A);
+        // Held, not used: a directory and its description, no image, nothing mounted.
+        assert!(session.join("session.json").is_file());
+        assert!(!session.join("workspace.img").exists());
+        assert!(storage.mounted().is_empty());
+        assert_eq!(m.mounted_count(), 0);
+        // Its first file operation makes and mounts it.
+        let opened = m.open_mounted("a", Some(OWNER)).await.unwrap();
+        std::fs::write(opened.workspace.join("kept.txt"), "x").unwrap();
+        assert_eq!(storage.mounted(), BTreeSet::from([session.join("data")]));
+        assert_eq!(m.mounted_count(), 1);
+        // Held: not unmounted, however idle.
+        assert_eq!(m.unmount_idle(Duration::ZERO).await, 0);
+        drop(opened);
+        // Used more recently than asked: kept.
+        assert_eq!(m.unmount_idle(Duration::from_secs(3600)).await, 0);
+        assert_eq!(m.unmount_idle(Duration::ZERO).await, 1);
+        assert!(storage.mounted().is_empty());
+        assert_eq!(m.mounted_count(), 0);
+        // A run mounts it again, the same image with its files.
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
+        assert_eq!(storage.mounted(), BTreeSet::from([session.join("data")]));
+        assert_eq!(std::fs::read_to_string(lease.workspace.join("kept.txt")).unwrap(), "x");
+        assert_eq!(m.unmount_idle(Duration::ZERO).await, 0, "a run holds it");
+        drop(lease);
+        // Closing one unmounted needs nothing mounted.
+        assert_eq!(m.unmount_idle(Duration::ZERO).await, 1);
+        m.close("a", Some(OWNER)).await.unwrap();
+        assert!(!session.exists() && storage.mounted().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_workspace_that_cannot_be_made_fails_the_use_and_leaves_the_session_as_it_was() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        storage.fail_create.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(matches!(m.lease("a", Some(OWNER)).unwrap().mount().await, Err(Error::Workspace(_))));
+        // Not left busy, nothing left made: the next use makes it.
+        assert!(!m.get("a", Some(OWNER)).unwrap().busy);
+        assert!(!dir(state.path(), KEY_A).join("workspace.img").exists());
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
+        assert!(lease.workspace.is_dir());
+    }
+
+    #[tokio::test]
+    async fn held_storage_counts_what_was_last_seen_without_reading_the_disk() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        let policy = m.policy(None).unwrap();
+        let nominal = policy.workspace_bytes() + policy.layer_bytes() + crate::records::RESERVE;
+        assert_eq!(m.held_storage(&m.lock()), nominal);
+        // Once made, its image's room (the fake's images take nothing: their size).
+        drop(m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap());
+        assert_eq!(m.held_storage(&m.lock()), policy.workspace_bytes() + crate::records::RESERVE);
+    }
+}
