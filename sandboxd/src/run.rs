@@ -444,6 +444,10 @@ async fn layer_of(lease: &Lease) -> Result<Option<PathBuf>, Error> {
             tracing::warn!(session_id = %lease.id, error = %e, "no package layer for the run");
             Ok(None)
         }
+        Err(crate::session::Error::Layer(e)) if e.kind() == std::io::ErrorKind::StorageFull => {
+            tracing::warn!(session_id = %lease.id, error = %e, "no package layer for the run: the disk is full");
+            Ok(None)
+        }
         Err(e) => Err(Error::internal("making the session's package layer", e)),
     }
 }

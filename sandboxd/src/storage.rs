@@ -80,12 +80,17 @@ pub async fn create(blanks: &Blanks, session_dir: &Path, size_bytes: u64, uid: u
 /// that could not be made whole leaves no image behind.
 pub async fn create_layer(blanks: &Blanks, session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
     let image = session_dir.join(LAYER_IMAGE);
-    // A layer already there is not this call's to clean up.
-    blanks.make(&image, size_bytes).await.inspect_err(|e| {
-        if e.kind() != io::ErrorKind::AlreadyExists {
-            let _ = std::fs::remove_file(&image);
-        }
+    if image.exists() {
+        // A layer already there is not this call's to clean up.
+        return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+    }
+    // Copied under a name of its own and renamed into place whole, as the workspace.
+    let part = session_dir.join(format!("{LAYER_IMAGE}.part"));
+    let _ = std::fs::remove_file(&part);
+    blanks.make(&part, size_bytes).await.inspect_err(|_| {
+        let _ = std::fs::remove_file(&part);
     })?;
+    std::fs::rename(&part, &image)?;
     let made = async {
         mount_one(session_dir, LAYER_IMAGE, LAYER).await?;
         empty_root(&session_dir.join(LAYER), uid)
@@ -142,7 +147,11 @@ pub fn restrict_dir(session_dir: &Path, uid: u32) -> io::Result<()> {
 pub async fn mount(session_dir: &Path) -> io::Result<()> {
     mount_one(session_dir, IMAGE, DATA).await?;
     if session_dir.join(LAYER_IMAGE).is_file() {
-        mount_one(session_dir, LAYER_IMAGE, LAYER).await?;
+        // Both or neither: a workspace left mounted alone would be no use's.
+        if let Err(e) = mount_one(session_dir, LAYER_IMAGE, LAYER).await {
+            let _ = unmount_one(&session_dir.join(DATA));
+            return Err(io::Error::new(e.kind(), format!("the package layer: {e}")));
+        }
     }
     Ok(())
 }
@@ -219,6 +228,16 @@ pub trait Storage: Send + Sync {
     /// Make the session's package layer of `size_bytes` for `uid` and mount it on
     /// its `packages` directory.
     fn create_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>>;
+
+    /// Whether the session's workspace is mounted now: its `data` is the root of
+    /// a filesystem other than the session directory's.
+    fn is_open(&self, session_dir: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(session_dir), std::fs::metadata(session_dir.join(DATA))) {
+            (Ok(dir), Ok(data)) => dir.dev() != data.dev() && data.ino() == 2,
+            _ => false,
+        }
+    }
 
     /// Whether the session's package layer is mounted.
     fn has_layer(&self, session_dir: &Path) -> bool {
@@ -419,6 +438,10 @@ pub mod fake {
 
         fn has_layer(&self, session_dir: &Path) -> bool {
             self.mounted().contains(&session_dir.join(LAYER))
+        }
+
+        fn is_open(&self, session_dir: &Path) -> bool {
+            self.mounted().contains(&session_dir.join(DATA))
         }
     }
 }

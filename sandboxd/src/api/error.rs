@@ -152,6 +152,12 @@ fn session_error(e: crate::session::Error) -> ApiError {
         E::Workspace(io) => return ApiError::internal("making or mounting the session's workspace", io),
         E::InvalidSecret(_) => Code::InvalidRequest,
         E::SecretNotFound { .. } => Code::NotFound,
+        E::Layer(io) if io.kind() == std::io::ErrorKind::StorageFull => {
+            return ApiError::new(
+                Code::InsufficientStorage,
+                format!("the state directory's filesystem has no room to make this session's package layer ({io}): free disk space or close sessions you no longer need, then retry"),
+            )
+        }
         E::Layer(io) => return ApiError::internal("making the session's package layer", io),
     };
     ApiError::new(code, e.to_string())

@@ -105,8 +105,14 @@ impl Manager {
         self.check_storage(&map, policy)?;
         // A uid of the sessions' range that no session holds (a closing one's
         // processes may still run as its own): never one of the pool's.
-        let used: std::collections::HashSet<u32> = map.values().map(|l| l.info.uid).collect();
-        let uid = crate::uids::free(self.uid_range(), |u| used.contains(&u)).ok_or_else(|| {
+        let range = self.uid_range();
+        let mut used = vec![false; range.len()];
+        for l in map.values() {
+            if let Some(taken) = l.info.uid.checked_sub(range.start).and_then(|i| used.get_mut(i as usize)) {
+                *taken = true;
+            }
+        }
+        let uid = crate::uids::free(range.clone(), |u| used[(u - range.start) as usize]).ok_or_else(|| {
             let closing = map.values().filter(|l| l.phase == Phase::Closing).count();
             Error::MaxSessions { max: self.max_sessions, closing }
         })?;
@@ -123,7 +129,9 @@ impl Manager {
             busy: false,
         };
         // Reserved, unreachable by any route until its directory is made.
-        map.insert(key.to_string(), Live::new(info.clone(), now, Phase::Creating, self.next_epoch()));
+        let mut live = Live::new(info.clone(), now, Phase::Creating, self.next_epoch());
+        live.room = policy.workspace_bytes().saturating_add(policy.layer_bytes());
+        map.insert(key.to_string(), live);
         Ok(Some(info))
     }
 }

@@ -81,6 +81,7 @@ impl Drop for Lease {
             self.manager.persist(&info);
             // What the run wrote is no longer room.
             self.manager.refresh_room(&self.id);
+            self.manager.note_use(&self.id);
         }
         {
             let mut map = self.manager.lock();
@@ -177,13 +178,16 @@ impl Drop for Use {
                 } else {
                     live.users = live.users.saturating_sub(1);
                 }
-                live.room.is_some()
+                live.mount.try_lock().is_ok_and(|m| *m)
             })
         };
-        // What an upload wrote is no longer room (a session whose images are not
-        // made yet has its policy's sizes: nothing to read).
+        // What an upload wrote is no longer room (read only while its workspace is
+        // mounted: one not made yet has its policy's sizes).
         if ours == Some(true) && !self.body {
             self.manager.refresh_room(&self.key);
+        }
+        if ours.is_some() {
+            self.manager.note_use(&self.key);
         }
         self.manager.idle.notify_waiters();
     }

@@ -148,9 +148,12 @@ struct Live {
     /// Whether its workspace is mounted now; held while it is being mounted or
     /// unmounted (`mounts.rs`).
     mount: Arc<tokio::sync::Mutex<bool>>,
+    /// When a run or file operation last used it: its workspace is unmounted
+    /// once this is `workspace_idle_unmount_s` ago.
+    used_at: SystemTime,
     /// How much more of the host disk its images may take, as last seen
-    /// ([`Storage::room`]); `None` before they are made (its policy's sizes).
-    room: Option<u64>,
+    /// ([`Storage::room`]); before they are made, its policy's sizes.
+    room: u64,
 }
 
 impl Live {
@@ -169,7 +172,8 @@ impl Live {
             kernel_lost: false,
             secrets: secrets::Held::default(),
             mount: Arc::new(tokio::sync::Mutex::new(false)),
-            room: None,
+            used_at: last_used,
+            room: 0,
         }
     }
 }

@@ -16,37 +16,81 @@
 //! kernel's sandbox has it), as does one being torn down until its teardown.
 
 use super::{Error, Live, Manager, Phase};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+/// The id part of a session key, as a caller names the session.
+fn shown_id(key: &str) -> &str {
+    key.rsplit_once('.').map_or(key, |(_, id)| id)
+}
 
 impl Manager {
     /// Mount session `key`'s workspace (and its package layer, if it has one),
     /// making it first at the session's first use; nothing if it is mounted. Call
     /// it with a hold on the session counted.
-    pub(super) async fn mount_workspace(&self, key: &str) -> Result<(), Error> {
-        let (mount, uid, policy) = {
+    ///
+    /// The work runs in a task of its own that holds the session's mount lock from
+    /// before it looks until its flag says what it did: a caller that goes away
+    /// midway (a client that hung up) leaves it to finish, so no second use can
+    /// start a second mount of the same image meanwhile.
+    pub(super) async fn mount_workspace(self: &Arc<Self>, key: &str) -> Result<(), Error> {
+        let (mount, uid, policy, epoch) = {
             let map = self.lock();
-            let Some(live) = map.get(key) else { return Err(Self::not_found(key)) };
-            (live.mount.clone(), live.info.uid, live.info.policy.clone())
+            let Some(live) = map.get(key) else { return Err(Self::not_found(shown_id(key))) };
+            (live.mount.clone(), live.info.uid, live.info.policy.clone(), live.epoch)
         };
-        let mut mounted = mount.lock().await;
-        if *mounted {
-            return Ok(());
-        }
         let size = self.policy(Some(&policy))?.workspace_bytes();
-        let dir = self.session_dir(key);
-        self.storage.open(&dir, size, uid).await.map_err(Error::Workspace)?;
-        *mounted = true;
-        drop(mounted);
+        let (this, key_owned) = (self.clone(), key.to_string());
+        let task = tokio::spawn(async move {
+            let key = key_owned.as_str();
+            let mut mounted = mount.lock_owned().await;
+            // Its teardown may have begun (and removed it) while this waited.
+            let live = this.lock().get(key).is_some_and(|l| l.epoch == epoch && l.phase == Phase::Ready);
+            if !live {
+                return Err(Self::not_found(shown_id(key)));
+            }
+            let dir = this.session_dir(key);
+            if !*mounted {
+                this.storage.open(&dir, size, uid).await.map_err(Error::Workspace)?;
+                *mounted = true;
+            }
+            // What the flag says, checked: a workspace not mounted is never handed
+            // out (its files would land on the host's disk, unbounded).
+            if !this.storage.is_open(&dir) {
+                *mounted = false;
+                let e = std::io::Error::other(format!("{} is not mounted", dir.join(crate::storage::DATA).display()));
+                return Err(Error::Workspace(e));
+            }
+            Ok(())
+        });
+        task.await.map_err(|e| Error::Workspace(std::io::Error::other(e)))??;
+        self.note_use(key);
         self.refresh_room(key);
         Ok(())
     }
 
-    /// Note how much more of the host disk session `key`'s images may take now
-    /// (after a use: what its runs and uploads wrote is no longer room).
-    pub(super) fn refresh_room(&self, key: &str) {
-        let room = self.storage.room(&self.session_dir(key));
+    /// Note that session `key` was used just now (its workspace's idle time
+    /// starts again; a run's end also moves its TTL: [`super::Lease`]).
+    pub(super) fn note_use(&self, key: &str) {
         if let Some(live) = self.lock().get_mut(key) {
-            live.room = room;
+            live.used_at = SystemTime::now();
+        }
+    }
+
+    /// Note how much more of the host disk session `key`'s images may take now
+    /// (after a use: what its runs and uploads wrote is no longer room). A package
+    /// layer its policy allows but its first run has not made yet counts full.
+    pub(super) fn refresh_room(&self, key: &str) {
+        let dir = self.session_dir(key);
+        let Some(room) = self.storage.room(&dir) else { return };
+        let layer_to_come = match dir.join(crate::storage::LAYER_IMAGE).exists() {
+            true => 0,
+            false => {
+                self.lock().get(key).and_then(|l| self.policies.get(&l.info.policy)).map_or(0, |p| p.layer_bytes())
+            }
+        };
+        if let Some(live) = self.lock().get_mut(key) {
+            live.room = room.saturating_add(layer_to_come);
         }
     }
 
@@ -58,7 +102,7 @@ impl Manager {
         let idle: Vec<_> = self
             .lock()
             .iter()
-            .filter(|(_, l)| unheld(l) && now.duration_since(l.last_used).unwrap_or_default() >= after)
+            .filter(|(_, l)| unheld(l) && now.duration_since(l.used_at).unwrap_or_default() >= after)
             .map(|(key, l)| (key.clone(), l.mount.clone()))
             .collect();
         let mut unmounted = 0;
@@ -100,7 +144,6 @@ mod tests {
     use crate::model::session::Mode;
     use crate::storage::fake::Dirs;
     use std::collections::BTreeSet;
-    use std::sync::Arc;
 
     #[tokio::test]
     async fn a_workspace_is_made_at_first_use_and_unmounted_when_idle_with_its_files() {
@@ -163,8 +206,15 @@ mod tests {
         let policy = m.policy(None).unwrap();
         let nominal = policy.workspace_bytes() + policy.layer_bytes() + crate::records::RESERVE;
         assert_eq!(m.held_storage(&m.lock()), nominal);
-        // Once made, its image's room (the fake's images take nothing: their size).
+        // Once made, its image's room (the fake's images take nothing: their
+        // size), and its package layer's to come.
         drop(m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap());
-        assert_eq!(m.held_storage(&m.lock()), policy.workspace_bytes() + crate::records::RESERVE);
+        assert_eq!(m.held_storage(&m.lock()), nominal);
+        // An image that took some of it: that much less.
+        let image = dir(state.path(), KEY_A).join("workspace.img");
+        std::fs::write(&image, vec![1u8; 64 * 1024]).unwrap();
+        std::fs::File::options().write(true).open(&image).unwrap().set_len(policy.workspace_bytes()).unwrap();
+        drop(m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap());
+        assert_eq!(m.held_storage(&m.lock()), nominal - 64 * 1024);
     }
 }

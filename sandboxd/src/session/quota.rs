@@ -75,15 +75,7 @@ impl Manager {
     pub(super) fn held_storage(&self, map: &HashMap<String, Live>) -> u64 {
         map.values()
             .filter(|l| l.phase != Phase::Closing)
-            .map(|l| {
-                // A session whose images are not made yet: its policy's sizes (the
-                // policy may have changed since images were made: theirs count).
-                let room = l.room.unwrap_or_else(|| {
-                    self.policies.get(&l.info.policy).map(|p| p.workspace_bytes() + p.layer_bytes()).unwrap_or(0)
-                });
-                room.saturating_add(crate::records::RESERVE)
-            })
-            .sum()
+            .fold(0u64, |held, l| held.saturating_add(l.room.saturating_add(crate::records::RESERVE)))
     }
 
     /// What the sessions' images may add up to when the state directory's
@@ -221,10 +213,10 @@ mod tests {
         }
         assert!(!refused.to_string().contains("workspace_overcommit)"), "{refused}");
         assert_eq!(m.count(), 2, "the refused one holds nothing");
-        // Used, each counts what its images can still take: here all of the
-        // workspace (the fake's images take nothing), no package layer yet.
+        // Used, each counts what its images can still take (the fake's take
+        // nothing), and the package layer its first run is to make.
         drop(m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap());
-        assert_eq!(m.held_storage(&m.lock()), wanted + MIB + crate::records::RESERVE);
+        assert_eq!(m.held_storage(&m.lock()), 2 * wanted);
         // With room enough, it is made.
         storage.free.store(u64::MAX, Ordering::Relaxed);
         m.create(Some("c".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();

@@ -64,7 +64,11 @@ impl Manager {
                     let mut live = Live::new(info, last_used, Phase::Ready, self.next_epoch());
                     // Mounted at its next use, unless the earlier daemon's end left it so.
                     live.mount = std::sync::Arc::new(tokio::sync::Mutex::new(mounted));
-                    live.room = self.storage.room(&path);
+                    // Its images' room, or before they are made its policy's sizes
+                    // (the policy may have changed since images were made: theirs count).
+                    let policy = self.policies.get(&live.info.policy);
+                    let nominal = policy.map_or(0, |p| p.workspace_bytes().saturating_add(p.layer_bytes()));
+                    live.room = self.storage.room(&path).unwrap_or(nominal);
                     // A kernel session whose kernel ever started had variables: gone.
                     live.kernel_lost = live.info.mode == Mode::Kernel && path.join(KERNEL_STARTED).exists();
                     self.lock().insert(key_of(&live.info), live);

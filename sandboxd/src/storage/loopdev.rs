@@ -36,12 +36,20 @@ const FLAGS: MsFlags = MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags
 /// Mount the ext4 filesystem in `image` on `target` (nosuid, nodev, noatime).
 pub fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
     let backing = OpenOptions::new().read(true).write(true).open(image)?;
-    if let Some(bound) = bound_device(&backing, image) {
-        match nix::mount::mount(Some(bound.as_path()), target, Some("ext4"), FLAGS, None::<&str>) {
-            Ok(()) => return Ok(()),
-            // Let go of between the two steps: the image is free to bind anew.
-            Err(e) => tracing::debug!(device = %bound.display(), error = %e, "a loop device being let go of"),
-        }
+    if let Some((device, bound)) = bound_device(&backing, image)? {
+        // `device` stays open until the mount is made: the kernel cannot let the
+        // image go (autoclear) and bind the device to another meanwhile. A failure
+        // is the caller's to see: never a second device on the image.
+        let mounted = nix::mount::mount(Some(bound.as_path()), target, Some("ext4"), FLAGS, None::<&str>);
+        drop(device);
+        return mounted.map_err(|e| {
+            io::Error::other(format!(
+                "mount {} (still bound to {}, its filesystem in use elsewhere) on {}: {e}",
+                bound.display(),
+                image.display(),
+                target.display()
+            ))
+        });
     }
     let (device, path) = attach(&backing, image)?;
     drop(backing);
@@ -54,16 +62,20 @@ pub fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// The loop device still bound to `backing` (the file at `image`), if any: found
-/// by the name the kernel shows (`/sys/block/loopN/loop/backing_file`), then
-/// checked by device and inode.
-fn bound_device(backing: &File, image: &Path) -> Option<std::path::PathBuf> {
+/// The loop device still bound to `backing` (the file at `image`), if any, open,
+/// and its path: found by the name the kernel shows
+/// (`/sys/block/loopN/loop/backing_file`), then checked, open, by device and inode.
+/// A system that cannot say is an error: binding a second device is never a guess.
+fn bound_device(backing: &File, image: &Path) -> io::Result<Option<(File, std::path::PathBuf)>> {
     use std::os::unix::fs::MetadataExt;
-    let meta = backing.metadata().ok()?;
+    let meta = backing.metadata()?;
     // The kernel shows the path resolved.
-    let wanted = std::fs::canonicalize(image).ok()?;
+    let wanted = std::fs::canonicalize(image)?;
     let wanted = wanted.as_os_str().as_bytes();
-    for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
+    let devices = std::fs::read_dir("/sys/block").map_err(|e| {
+        io::Error::new(e.kind(), format!("listing /sys/block for a device bound to {}: {e}", image.display()))
+    })?;
+    for entry in devices.flatten() {
         let name = entry.file_name();
         if !name.as_bytes().starts_with(b"loop") {
             continue;
@@ -82,10 +94,10 @@ fn bound_device(backing: &File, image: &Path) -> Option<std::path::PathBuf> {
             && info.lo_inode == meta.ino()
             && info.lo_device == meta.dev()
         {
-            return Some(path);
+            return Ok(Some((device, path)));
         }
     }
-    None
+    Ok(None)
 }
 
 /// A free loop device bound to `backing` (the file at `image`), open, and its path.
