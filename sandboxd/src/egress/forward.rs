@@ -14,11 +14,11 @@
 
 use super::bodies::{Body, BoxError, Refused, Rewritten, Watched};
 use super::cache::{self, Digest32};
+use super::conn::Conn;
 use super::connect;
 use super::pages;
 use super::rules::{code, Host, Refusal};
 use super::secrets::{Rewriter, Secrets};
-use super::serve::Conn;
 use crate::model::policy::SecretPlace;
 use bytes::Bytes;
 use http_body::Frame;
@@ -68,39 +68,6 @@ impl Target {
             self.shown()
         }
     }
-}
-
-/// `line` as an HTTP reason phrase: visible ASCII only, at most 1024 bytes.
-pub fn reason_text(line: &str) -> String {
-    let mut text: String =
-        line.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).take(1024).collect();
-    if text.is_empty() {
-        text.push_str("refused");
-    }
-    text
-}
-
-/// The answer to a refused request: its status, `code: message` as the status
-/// line's reason (what a client shows of a failed CONNECT) and as the body.
-pub fn refusal(why: &Refusal) -> Response<Body> {
-    let status = match why.code {
-        code::NAME_NOT_RESOLVED | code::CONNECT_FAILED | code::ANSWER_REFUSED => StatusCode::BAD_GATEWAY,
-        code::TOO_MANY_CONNECTIONS => StatusCode::SERVICE_UNAVAILABLE,
-        code::BAD_REQUEST => StatusCode::BAD_REQUEST,
-        _ => StatusCode::FORBIDDEN,
-    };
-    let line = why.line();
-    let mut response = Response::new(full(format!("{line}\n")));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    if let Ok(v) = HeaderValue::from_str(why.code) {
-        headers.insert(HeaderName::from_static("sandboxd-refused"), v);
-    }
-    if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(reason_text(&line)) {
-        response.extensions_mut().insert(reason);
-    }
-    response
 }
 
 fn full(text: impl Into<Bytes>) -> Body {
@@ -545,19 +512,6 @@ fn byte_range(value: &str, length: u64) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_refusal_says_its_code_and_reason_in_its_status_line_and_body() {
-        let why = Refusal::new(code::HOST_NOT_ALLOWED, "evil.example is not in allow_hosts of policy \"default\"");
-        let r = refusal(&why);
-        assert_eq!(r.status(), StatusCode::FORBIDDEN);
-        let reason = r.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
-        assert_eq!(reason.as_bytes(), b"host_not_allowed: evil.example is not in allow_hosts of policy \"default\"");
-        assert_eq!(r.headers()["sandboxd-refused"], "host_not_allowed");
-        let r = refusal(&Refusal::new(code::CONNECT_FAILED, "x"));
-        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(reason_text("a\u{1}b\u{e9}c\r\n"), "a?b?c??");
-    }
 
     #[test]
     fn one_byte_range_is_served_from_the_cache() {

@@ -28,6 +28,7 @@
 
 mod bodies;
 pub mod cache;
+mod conn;
 pub mod connect;
 mod forward;
 mod pages;

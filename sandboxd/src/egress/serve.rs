@@ -9,6 +9,7 @@
 //! every connection with it.
 
 use super::bodies::Body;
+use super::conn::{reason_text, Conn};
 use super::forward::{self, Target};
 use super::rules::{code, Host, Refusal};
 use super::usage::Usage;
@@ -88,37 +89,10 @@ fn refuse_at_once(stream: &TcpStream, why: &Refusal) {
     let line = why.line();
     let text = format!(
         "HTTP/1.1 503 {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{line}\n",
-        forward::reason_text(&line),
+        reason_text(&line),
         line.len() + 1
     );
     let _ = stream.try_write(text.as_bytes());
-}
-
-/// What one of the sandbox's connections knows.
-pub(super) struct Conn {
-    pub egress: Arc<Egress>,
-    pub tenant: Arc<Tenant>,
-    pub run_id: String,
-    pub usage: Arc<Usage>,
-    /// What a CONNECT leaves to do once the connection is handed over (the tunnel).
-    after: Mutex<Option<oneshot::Sender<BoxFuture<'static, ()>>>>,
-}
-
-impl Conn {
-    /// Log and count a refusal, and answer it.
-    pub fn refuse(&self, host: &str, why: Refusal) -> Response<Body> {
-        tracing::info!(
-            session_id = %self.tenant.session,
-            run_id = %self.run_id,
-            host,
-            code = why.code,
-            reason = %why.message,
-            "egress refused"
-        );
-        self.usage.refused(host, &why);
-        crate::metrics::global().egress_refused(why.code);
-        forward::refusal(&why)
-    }
 }
 
 async fn connection(egress: Arc<Egress>, tenant: Arc<Tenant>, run_id: String, usage: Arc<Usage>, stream: TcpStream) {
@@ -264,21 +238,6 @@ async fn tunnel(conn: &Arc<Conn>, mut req: Request<Incoming>) -> Response<Body> 
         let _ = tx.send(work);
     }
     Response::new(http_body_util::Empty::new().map_err(|e| match e {}).boxed())
-}
-
-impl Conn {
-    /// The run reached `host:port` (opened, or looked into).
-    pub fn reached(&self, shown: &str, looked_into: bool) {
-        tracing::info!(
-            session_id = %self.tenant.session,
-            run_id = %self.run_id,
-            host = shown,
-            intercepted = looked_into,
-            "egress connection"
-        );
-        self.usage.reached(shown);
-        crate::metrics::global().egress_connection();
-    }
 }
 
 /// The sandbox's side of a connection, its bytes counted as the run's.
