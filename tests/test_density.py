@@ -150,6 +150,74 @@ def test_workspace_overcommit_holds_that_many_times_what_the_disk_has_free():
     assert 4 * counts["1"] - 1 <= counts["4"] <= 4 * counts["1"] + 4, counts
 
 
+def test_a_full_disk_at_a_sessions_first_use_is_507_and_harms_nothing():
+    """The host disk full when a session's workspace is made (the first blank of
+    its size, by mkfs; or a later one's sparse copy): that use is answered 507
+    with what to do, the session stays, and once there is room it is made."""
+    base = scratch_dir("full-")
+    state = base / "d" / "state"
+    state.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600m,mode=0711", "sandboxd-test-full", str(state)], check=True)
+    d = Daemon(base / "d", policies={"default": OVERCOMMIT_POLICY},
+               args=["--workspace-overcommit", "100", "--pool-size", "0"])
+    filler = state / "filler"
+
+    def fill():
+        """Take all but 64 KiB of what the state's filesystem has free."""
+        fs = os.statvfs(state)
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.posix_fallocate(fd, os.fstat(fd).st_size, fs.f_bavail * fs.f_frsize - 64 * 1024)
+        finally:
+            os.close(fd)
+
+    try:
+        d.start()
+        with d.http() as c:
+            first, second = new_session(c), new_session(c)
+            for sid, what in ((first, "the first blank of its size (mkfs)"), (second, "a copy of the blank")):
+                fill()
+                r = c.put(f"/v1/sessions/{sid}/files/a.txt", content=b"x")
+                assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), (what, r.text)
+                assert "free disk space" in r.json()["error"]["message"], r.text
+                r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print(1)"})
+                assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), (what, r.text)
+                # Nothing half made left behind; the session is still there.
+                assert not [p.name for p in (d.state / "sessions").glob(f"*{sid}/workspace.img*")], what
+                assert not [m for m in mounted_below(d, state / "sessions") if sid in m], what
+                assert c.get(f"/v1/sessions/{sid}").status_code == 200
+                filler.unlink()
+                r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "open('a.txt','w').write('ok'); print(1)"}).json()
+                assert r["stdout"] == "1\n", (what, r)
+                assert c.get(f"/v1/sessions/{sid}/files/a.txt").content == b"ok"
+            assert d.uds().get("/v1/health").status_code == 200
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(state)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_package_layer_left_unmounted_is_mounted_again_with_what_was_installed(fresh_daemon):
+    """A session's package layer unmounted while its workspace stays mounted (a
+    daemon stopped between the two mounts, an unmount that failed halfway): the
+    next run mounts the same layer again, never makes a second one or fails."""
+    d = fresh_daemon(args=["--pool-size", "0"])
+    with d.http() as c:
+        sid = new_session(c)
+        r = c.post(f"/v1/sessions/{sid}/runs",
+                   json={"code": "open('/opt/packages/kept.txt','w').write('installed'); print('ok')"}).json()
+        assert r["stdout"] == "ok\n", r
+        [sdir] = (d.state / "sessions").glob(f"*{sid}")
+        assert sorted(mounted_below(d, sdir)) == [str(sdir / "data"), str(sdir / "packages")]
+        subprocess.run(["nsenter", "-t", str(d.proc.pid), "-m", "umount", str(sdir / "packages")], check=True)
+        assert mounted_below(d, sdir) == [str(sdir / "data")]
+        r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print(open('/opt/packages/kept.txt').read())"})
+        assert r.status_code == 200, r.text
+        assert r.json()["stdout"] == "installed\n", r.json()
+        assert sorted(mounted_below(d, sdir)) == [str(sdir / "data"), str(sdir / "packages")]
+        assert len(loop_devices_of(sdir / "packages.img")) == 1
+
+
 DENSITY = 10_000
 
 

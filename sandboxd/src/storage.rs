@@ -48,13 +48,19 @@ pub const DATA: &str = "data";
 pub const LAYER_IMAGE: &str = "packages.img";
 pub const LAYER: &str = "packages";
 
+/// Run `cmd` (in the C locale, so its messages can be read); its failure as an
+/// error with what it printed, `StorageFull` when that was a full disk.
 async fn run(cmd: &mut Command, what: &str) -> io::Result<()> {
-    let out = cmd.output().await.map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
+    let out = cmd.env("LC_ALL", "C").output().await.map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
     if out.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim())))
+        return Ok(());
     }
+    let said = String::from_utf8_lossy(&out.stderr);
+    let kind = match said.contains("No space left on device") {
+        true => io::ErrorKind::StorageFull,
+        false => io::ErrorKind::Other,
+    };
+    Err(io::Error::new(kind, format!("{what} failed: {}", said.trim())))
 }
 
 /// Is `path` a mount point (listed in our mount table)?
@@ -64,7 +70,7 @@ pub fn is_mounted(path: &Path) -> bool {
 
 /// Make the image, its filesystem, and mount it (its root `uid`'s). Only the
 /// workspace's: the package layer is made at the session's first run
-/// ([`create_layer`]).
+/// ([`open_layer`]).
 /// The image is copied under a name of its own and renamed into place whole:
 /// a daemon stopped midway leaves no half image for a later use to mount.
 pub async fn create(blanks: &Blanks, session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
@@ -76,13 +82,17 @@ pub async fn create(blanks: &Blanks, session_dir: &Path, size_bytes: u64, uid: u
     empty_root(&session_dir.join(DATA), uid)
 }
 
-/// Make the package layer's image and mount it (see the module's notes). A layer
-/// that could not be made whole leaves no image behind.
-pub async fn create_layer(blanks: &Blanks, session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
+/// Mount the session's package layer, making its image first if it has none
+/// (see the module's notes). A layer that could not be made whole leaves no
+/// image behind; one already there (made by an earlier use, left unmounted by a
+/// daemon stopped midway or an unmount that failed halfway) is mounted as it is.
+pub async fn open_layer(blanks: &Blanks, session_dir: &Path, size_bytes: u64, uid: u32) -> io::Result<()> {
     let image = session_dir.join(LAYER_IMAGE);
-    if image.exists() {
-        // A layer already there is not this call's to clean up.
-        return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+    match std::fs::symlink_metadata(&image) {
+        Ok(meta) if meta.is_file() => return mount_one(session_dir, LAYER_IMAGE, LAYER).await,
+        Ok(_) => return Err(io::Error::other(format!("{} is not a regular file", image.display()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
     // Copied under a name of its own and renamed into place whole, as the workspace.
     let part = session_dir.join(format!("{LAYER_IMAGE}.part"));
@@ -164,7 +174,7 @@ async fn mount_one(session_dir: &Path, image: &str, on: &str) -> io::Result<()> 
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    if is_mounted(&target) {
+    if is_root(session_dir, on) {
         return Ok(());
     }
     let image = session_dir.join(image);
@@ -199,6 +209,17 @@ pub fn mounted_below(sessions_dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Whether `session_dir`'s directory `name` is the root of a filesystem other
+/// than the session directory's (mounted: what the mount table would say, without
+/// reading a table as long as the mounts).
+fn is_root(session_dir: &Path, name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(session_dir), std::fs::symlink_metadata(session_dir.join(name))) {
+        (Ok(dir), Ok(root)) => root.is_dir() && dir.dev() != root.dev() && root.ino() == 2,
+        _ => false,
+    }
+}
+
 /// Where a session's workspace lives, by session directory: made at first use,
 /// mounted again after an idle unmount or a restart, unmounted, and how much room
 /// it and its filesystem have.
@@ -225,23 +246,24 @@ pub trait Storage: Send + Sync {
     /// `sessions_dir`.
     fn mounted_below(&self, sessions_dir: &Path) -> Vec<PathBuf>;
 
-    /// Make the session's package layer of `size_bytes` for `uid` and mount it on
-    /// its `packages` directory.
-    fn create_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>>;
+    /// Mount the session's package layer on its `packages` directory, making it
+    /// of `size_bytes` for `uid` first if it has none ([`Storage::has_layer_image`]).
+    fn open_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>>;
 
-    /// Whether the session's workspace is mounted now: its `data` is the root of
-    /// a filesystem other than the session directory's.
+    /// Whether the session's workspace is mounted now, and its package layer with
+    /// it if it has one made: each the root of a filesystem of its own.
     fn is_open(&self, session_dir: &Path) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        match (std::fs::metadata(session_dir), std::fs::metadata(session_dir.join(DATA))) {
-            (Ok(dir), Ok(data)) => dir.dev() != data.dev() && data.ino() == 2,
-            _ => false,
-        }
+        is_root(session_dir, DATA) && (!self.has_layer_image(session_dir) || self.has_layer(session_dir))
     }
 
     /// Whether the session's package layer is mounted.
     fn has_layer(&self, session_dir: &Path) -> bool {
-        is_mounted(&session_dir.join(LAYER))
+        is_root(session_dir, LAYER)
+    }
+
+    /// Whether the session's package layer has been made (mounted or not).
+    fn has_layer_image(&self, session_dir: &Path) -> bool {
+        session_dir.join(LAYER_IMAGE).is_file()
     }
 
     /// Bytes free on the filesystem of `sessions_dir`; `None` if it cannot say.
@@ -334,9 +356,9 @@ impl Storage for LoopImages {
         Some(fs.blocks_available().saturating_mul(fs.fragment_size()))
     }
 
-    fn create_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
+    fn open_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
         let (blanks, dir) = (self.blanks.clone(), session_dir.to_path_buf());
-        Box::pin(whole(async move { create_layer(&blanks, &dir, size_bytes, uid).await }))
+        Box::pin(whole(async move { open_layer(&blanks, &dir, size_bytes, uid).await }))
     }
 }
 
@@ -422,14 +444,16 @@ pub mod fake {
             Some(self.free.load(Ordering::Relaxed))
         }
 
-        fn create_layer<'a>(
+        fn open_layer<'a>(
             &'a self,
             session_dir: &'a Path,
             size_bytes: u64,
             _uid: u32,
         ) -> BoxFuture<'a, io::Result<()>> {
             Box::pin(async move {
-                std::fs::File::create_new(session_dir.join(LAYER_IMAGE))?.set_len(size_bytes)?;
+                if !session_dir.join(LAYER_IMAGE).is_file() {
+                    std::fs::File::create_new(session_dir.join(LAYER_IMAGE))?.set_len(size_bytes)?;
+                }
                 std::fs::create_dir_all(session_dir.join(LAYER))?;
                 self.mounted.lock().unwrap_or_else(|p| p.into_inner()).insert(session_dir.join(LAYER));
                 Ok(())
@@ -441,7 +465,9 @@ pub mod fake {
         }
 
         fn is_open(&self, session_dir: &Path) -> bool {
-            self.mounted().contains(&session_dir.join(DATA))
+            let mounted = self.mounted();
+            mounted.contains(&session_dir.join(DATA))
+                && (!self.has_layer_image(session_dir) || mounted.contains(&session_dir.join(LAYER)))
         }
     }
 }

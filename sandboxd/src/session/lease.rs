@@ -56,7 +56,7 @@ impl Lease {
     /// The session's package layer (made now if its policy allows packages and it
     /// has none yet); `None` when the policy allows none.
     pub async fn package_layer(&self) -> Result<Option<PathBuf>, super::Error> {
-        self.manager.package_layer(&self.id, self.uid, &self.policy).await
+        self.manager.package_layer(&self.id, self.epoch, self.uid, &self.policy).await
     }
 
     /// The session's secrets as the egress proxy serves them, kept up to date.
@@ -135,6 +135,10 @@ pub struct Use {
     cut: CancellationToken,
     /// Counted as a body (cut by the teardown) rather than a file operation.
     body: bool,
+    /// Holds the workspace mounted ([`Manager::open_mounted`]): its end counts as
+    /// a use (the idle unmount's clock starts again). A read of the run records
+    /// alone does not: a client polling them keeps nothing mounted.
+    mounted: bool,
 }
 
 impl Use {
@@ -186,7 +190,7 @@ impl Drop for Use {
         if ours == Some(true) && !self.body {
             self.manager.refresh_room(&self.key);
         }
-        if ours.is_some() {
+        if ours.is_some() && self.mounted {
             self.manager.note_use(&self.key);
         }
         self.manager.idle.notify_waiters();
@@ -221,6 +225,7 @@ impl Manager {
             epoch: live.epoch,
             cut: live.cut.clone(),
             body: false,
+            mounted: false,
         };
         Ok(Opened { info, workspace: self.workspace(&key), records: self.records(&key), hold })
     }
@@ -228,8 +233,9 @@ impl Manager {
     /// Session `id`'s workspace for one file operation, mounted (made at its
     /// first use: `mounts.rs`), held until the returned [`Use`] is dropped.
     pub async fn open_mounted(self: &Arc<Self>, id: &str, owner: Option<&str>) -> Result<Opened, Error> {
-        let opened = self.open(id, owner)?;
+        let mut opened = self.open(id, owner)?;
         self.mount_workspace(&opened.hold.key).await?;
+        opened.hold.mounted = true;
         Ok(opened)
     }
 

@@ -311,42 +311,74 @@ impl Manager {
     }
 
     /// The package layer of the session with this key, made now if its policy
-    /// allows packages and it has none yet; `None` when the policy allows none.
-    /// Called under the session's [`Lease`]: one run or install at a time makes it.
-    /// Made at the session's first run (any run may write into it: `pip install`
-    /// in its code), and from then on counted as the workspace is, full: one is
-    /// made only while the state directory's filesystem could hold it full with
-    /// every session's images full too ([`Manager::held_storage`]), else
-    /// [`Error::LayerNoRoom`] (a run goes on without one; an install is refused).
-    pub async fn package_layer(&self, key: &str, uid: u32, policy: &Policy) -> Result<Option<PathBuf>, Error> {
+    /// allows packages and it has none yet (mounted again if an earlier use made
+    /// it and it is not mounted now); `None` when the policy allows none.
+    /// Called under the session's [`Lease`] (`epoch` its session's): one run or
+    /// install at a time makes it. Made at the session's first run (any run may
+    /// write into it: `pip install` in its code), and from then on counted as the
+    /// workspace is, full: one is made only while the state directory's filesystem
+    /// could hold it full with every session's images full too
+    /// ([`Manager::held_storage`]), else [`Error::LayerNoRoom`] (a run goes on
+    /// without one; an install is refused).
+    ///
+    /// As a workspace's mount (`mounts.rs`), it is made under the session's mount
+    /// lock, in a task of its own, and only while the session is still the one
+    /// leased and ready: a teardown that unmounts it waits for it, and one that
+    /// began first is never followed by a layer mounted for nobody.
+    pub async fn package_layer(
+        self: &Arc<Self>,
+        key: &str,
+        epoch: u64,
+        uid: u32,
+        policy: &Policy,
+    ) -> Result<Option<PathBuf>, Error> {
         if !policy.packages_enabled() {
             return Ok(None);
         }
         let dir = self.session_dir(key);
-        if !self.storage.has_layer(&dir) {
-            // One at a time: each counts the ones made before it.
-            let _one = self.making_layer.lock().await;
-            if self.storage.has_layer(&dir) {
-                return Ok(Some(dir.join(storage::LAYER)));
+        if self.storage.has_layer(&dir) {
+            return Ok(Some(dir.join(storage::LAYER)));
+        }
+        let Some(mount) = self.lock().get(key).filter(|l| l.epoch == epoch).map(|l| l.mount.clone()) else {
+            return Err(Self::not_found(mounts::shown_id(key)));
+        };
+        let (this, key, size, name) =
+            (self.clone(), key.to_string(), policy.packages_mb * 1024 * 1024, policy.name.clone());
+        let task = tokio::spawn(async move {
+            let _mounted = mount.lock_owned().await;
+            let live = this.lock().get(&key).is_some_and(|l| l.epoch == epoch && l.phase == Phase::Ready);
+            if !live {
+                return Err(Self::not_found(mounts::shown_id(&key)));
             }
-            let size = policy.packages_mb * 1024 * 1024;
-            if let Some(free) = self.storage.free(&self.dir) {
-                let held = self.held_storage(&self.lock());
-                let room = self.capacity(free);
+            let dir = this.session_dir(&key);
+            if this.storage.has_layer(&dir) {
+                return Ok(());
+            }
+            if this.storage.has_layer_image(&dir) {
+                // Made by an earlier use: mounted again, counted already.
+                return this.storage.open_layer(&dir, size, uid).await.map_err(Error::Layer);
+            }
+            // One at a time: each counts the ones made before it.
+            let _one = this.making_layer.lock().await;
+            if let Some(free) = this.storage.free(&this.dir) {
+                let held = this.held_storage(&this.lock());
+                let room = this.capacity(free);
                 if held.saturating_add(size) > room {
                     const MIB: u64 = 1024 * 1024;
                     return Err(Error::LayerNoRoom {
                         free_mb: free / MIB,
                         room_mb: room / MIB,
                         held_mb: held.div_ceil(MIB),
-                        wanted_mb: policy.packages_mb,
-                        policy: policy.name.clone(),
+                        wanted_mb: size / MIB,
+                        policy: name,
                     });
                 }
             }
-            self.storage.create_layer(&dir, size, uid).await.map_err(Error::Layer)?;
-            tracing::info!(session_id = %key, size_mb = policy.packages_mb, "the session's package layer was made");
-        }
+            this.storage.open_layer(&dir, size, uid).await.map_err(Error::Layer)?;
+            tracing::info!(session_id = %key, size_mb = size / (1024 * 1024), "the session's package layer was made");
+            Ok(())
+        });
+        task.await.map_err(|e| Error::Layer(std::io::Error::other(e)))??;
         Ok(Some(dir.join(storage::LAYER)))
     }
 

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// The id part of a session key, as a caller names the session.
-fn shown_id(key: &str) -> &str {
+pub(super) fn shown_id(key: &str) -> &str {
     key.rsplit_once('.').map_or(key, |(_, id)| id)
 }
 
@@ -50,12 +50,14 @@ impl Manager {
                 return Err(Self::not_found(shown_id(key)));
             }
             let dir = this.session_dir(key);
-            if !*mounted {
+            // What the flag says, checked: a workspace not mounted is never handed
+            // out (its files would land on the host's disk, unbounded), nor one
+            // whose package layer was left unmounted (a daemon stopped between the
+            // two mounts, an unmount that failed halfway): both are mounted again.
+            if !*mounted || !this.storage.is_open(&dir) {
                 this.storage.open(&dir, size, uid).await.map_err(Error::Workspace)?;
                 *mounted = true;
             }
-            // What the flag says, checked: a workspace not mounted is never handed
-            // out (its files would land on the host's disk, unbounded).
             if !this.storage.is_open(&dir) {
                 *mounted = false;
                 let e = std::io::Error::other(format!("{} is not mounted", dir.join(crate::storage::DATA).display()));
@@ -143,6 +145,7 @@ mod tests {
     use super::*;
     use crate::model::session::Mode;
     use crate::storage::fake::Dirs;
+    use crate::storage::Storage;
     use std::collections::BTreeSet;
 
     #[tokio::test]
@@ -216,5 +219,81 @@ mod tests {
         std::fs::File::options().write(true).open(&image).unwrap().set_len(policy.workspace_bytes()).unwrap();
         drop(m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap());
         assert_eq!(m.held_storage(&m.lock()), nominal - 64 * 1024);
+    }
+
+    /// A manager whose one policy allows packages (its sessions get a layer).
+    fn with_packages(state: &std::path::Path, storage: &Arc<Dirs>) -> Manager {
+        use crate::model::policy::{Network, Policy};
+        let policy = Policy {
+            name: "default".into(),
+            workspace_mb: 1,
+            packages_mb: 1,
+            network: Network::Allowlist,
+            allow_hosts: vec!["pypi.org".into()],
+            ..Policy::default()
+        };
+        let policies = std::collections::BTreeMap::from([("default".to_string(), policy)]);
+        Manager::new(state, policies, 4, 60, 600_000).unwrap().with_storage(storage.clone())
+    }
+
+    #[tokio::test]
+    async fn a_package_layer_made_but_left_unmounted_is_mounted_again_not_made_twice() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(with_packages(state.path(), &storage));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        let session = dir(state.path(), KEY_A);
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
+        let layer = lease.package_layer().await.unwrap().unwrap();
+        std::fs::write(session.join("packages.img"), "installed").unwrap();
+        drop(lease);
+        // The daemon stopped between the workspace's mount and the layer's (or
+        // an unmount failed halfway): the workspace mounted, the layer not.
+        storage.unmount(&session).await.unwrap();
+        storage.mount(&session);
+        assert!(!storage.is_open(&session));
+        // The next use mounts the layer again, the same image.
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
+        assert_eq!(storage.mounted(), BTreeSet::from([session.join("data"), layer.clone()]));
+        drop(lease);
+        // And a run that finds only the layer unmounted mounts it, not a new one.
+        storage.unmount(&session).await.unwrap();
+        storage.mount(&session);
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
+        assert_eq!(lease.package_layer().await.unwrap(), Some(layer));
+        assert_eq!(std::fs::read_to_string(session.join("packages.img")).unwrap(), "installed");
+    }
+
+    #[tokio::test]
+    async fn a_package_layer_is_not_made_for_a_session_whose_teardown_began() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(with_packages(state.path(), &storage));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        let session = dir(state.path(), KEY_A);
+        let lease = m.lease("a", Some(OWNER)).unwrap().mount().await.unwrap();
+        // Its close begins (a forced teardown would unmount under the run).
+        m.lock().get_mut(KEY_A).unwrap().phase = Phase::Closing;
+        assert!(matches!(lease.package_layer().await, Err(Error::NotFound(_))));
+        assert!(!session.join("packages.img").exists());
+        assert!(!storage.mounted().contains(&session.join("packages")));
+    }
+
+    #[tokio::test]
+    async fn reading_run_records_does_not_keep_a_workspace_mounted() {
+        let state = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Dirs::default());
+        let m = Arc::new(manager(state.path(), &storage, 4));
+        m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
+        drop(m.open_mounted("a", Some(OWNER)).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A client polling the records (no mount) moves no idle clock ...
+        drop(m.open("a", Some(OWNER)).unwrap());
+        assert_eq!(m.unmount_idle(Duration::from_millis(40)).await, 1);
+        // ... a file operation on the workspace does.
+        drop(m.open_mounted("a", Some(OWNER)).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(m.open_mounted("a", Some(OWNER)).await.unwrap());
+        assert_eq!(m.unmount_idle(Duration::from_millis(40)).await, 0);
     }
 }

@@ -63,38 +63,42 @@ pub fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
 }
 
 /// The loop device still bound to `backing` (the file at `image`), if any, open,
-/// and its path: found by the name the kernel shows
-/// (`/sys/block/loopN/loop/backing_file`), then checked, open, by device and inode.
-/// A system that cannot say is an error: binding a second device is never a guess.
+/// and its path. Every bound loop device (`/sys/block/loopN/loop` is there) is
+/// asked, open, which device and inode it reads: a name can mislead (the path
+/// the kernel shows is the one given at binding, and a state directory reached
+/// another way shows another), a device and inode cannot. A device that cannot
+/// be asked is an error, as is a system that cannot list them: binding a second
+/// device is never a guess. One let go meanwhile (`ENXIO`, `ENOENT`) is not bound.
 fn bound_device(backing: &File, image: &Path) -> io::Result<Option<(File, std::path::PathBuf)>> {
     use std::os::unix::fs::MetadataExt;
     let meta = backing.metadata()?;
-    // The kernel shows the path resolved.
-    let wanted = std::fs::canonicalize(image)?;
-    let wanted = wanted.as_os_str().as_bytes();
+    let gone = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENXIO) | Some(libc::ENOENT));
     let devices = std::fs::read_dir("/sys/block").map_err(|e| {
         io::Error::new(e.kind(), format!("listing /sys/block for a device bound to {}: {e}", image.display()))
     })?;
-    for entry in devices.flatten() {
+    for entry in devices {
+        let entry = entry?;
         let name = entry.file_name();
-        if !name.as_bytes().starts_with(b"loop") {
-            continue;
-        }
-        let Ok(shown) = std::fs::read(entry.path().join("loop/backing_file")) else { continue };
-        if shown.strip_suffix(b"\n").unwrap_or(&shown) != wanted {
+        if !name.as_bytes().starts_with(b"loop") || !entry.path().join("loop").exists() {
             continue;
         }
         let path = Path::new("/dev").join(&name);
-        let Ok(device) = OpenOptions::new().read(true).open(&path) else { continue };
+        let device = match OpenOptions::new().read(true).open(&path) {
+            Ok(device) => device,
+            Err(e) if gone(&e) => continue,
+            Err(e) => {
+                return Err(io::Error::new(e.kind(), format!("{} (asking what it is bound to): {e}", path.display())))
+            }
+        };
         // SAFETY: loop_info64 is plain integers and byte arrays: all zeroes is a
         // valid value for the kernel to fill.
         let mut info: loop_info64 = unsafe { std::mem::zeroed() };
         // SAFETY: `info` is a loop_info64 that outlives the call; `device` is open.
-        if unsafe { get_status(device.as_raw_fd(), &mut info) }.is_ok()
-            && info.lo_inode == meta.ino()
-            && info.lo_device == meta.dev()
-        {
-            return Ok(Some((device, path)));
+        match unsafe { get_status(device.as_raw_fd(), &mut info) }.map_err(io::Error::from) {
+            Ok(_) if info.lo_inode == meta.ino() && info.lo_device == meta.dev() => return Ok(Some((device, path))),
+            Ok(_) => {}
+            Err(e) if gone(&e) => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("LOOP_GET_STATUS64 {}: {e}", path.display()))),
         }
     }
     Ok(None)
