@@ -218,6 +218,91 @@ def test_a_package_layer_left_unmounted_is_mounted_again_with_what_was_installed
         assert len(loop_devices_of(sdir / "packages.img")) == 1
 
 
+WRITE = """
+import errno, os
+written, err = 0, None
+try:
+    with open({name!r}, "wb") as f:
+        for _ in range({mib}):
+            f.write(b"x" * (1 << 20))
+            written += 1
+        f.flush()
+        os.fsync(f.fileno())
+except OSError as e:
+    err = e.errno
+st = os.statvfs(".")
+print(written, err, st.f_bavail * st.f_frsize, st.f_bfree * st.f_frsize)
+"""
+
+
+def write(c, sid, name, mib):
+    """Write `mib` MiB to `name` in session `sid`: (MiB written, errno or None, result)."""
+    r = c.post(f"/v1/sessions/{sid}/runs", json={"code": WRITE.format(name=name, mib=mib)}, timeout=120).json()
+    written, err, *_ = r["stdout"].split()
+    return int(written), None if err == "None" else int(err), r
+
+
+def test_a_host_disk_that_fills_is_enospc_to_the_session_writing_and_harms_no_other():
+    """Overcommitted workspaces on a host disk that really fills: the session that
+    writes gets ENOSPC (never an I/O error), and a result that says which room ran
+    out; the other sessions keep their files and their share; freed, it writes
+    again. Its own size full is told apart."""
+    base = scratch_dir("share-")
+    state = base / "d" / "state"
+    state.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m,mode=0711", "sandboxd-test-share", str(state)], check=True)
+    d = Daemon(base / "d", policies={"default": OVERCOMMIT_POLICY},
+               args=["--workspace-overcommit", "4", "--pool-size", "0"])
+    filler = state / "filler"
+    try:
+        d.start()
+        with d.http() as c:
+            a, b = new_session(c), new_session(c)
+            for sid in (a, b):
+                assert write(c, sid, "kept.bin", 20)[:2] == (20, None)
+            # The host left with about 150 MiB free: the margin (64 MiB), what the
+            # two images' journals and inode tables may still take, and ~25 MiB
+            # each to share.
+            fs = os.statvfs(state)
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 150 * 1024 * 1024)
+            finally:
+                os.close(fd)
+            # The daemon shares the disk every second: health shows the share.
+            wait_for("the disk shared", lambda: storage(d).get("disk_share_bytes", 1 << 40) < 60 << 20)
+            written, err, r = write(c, a, "big.bin", 300)
+            assert err == 28 and written < 100, (written, err, r["stderr"])
+            assert r["usage"]["disk_full"] == "host", r["usage"]
+            assert "the host's disk is nearly full" in r["stderr"], r["stderr"]
+            assert os.statvfs(state).f_bavail > 0, "the host disk itself never filled"
+            # The other session keeps its files, and room of its own to write.
+            r = c.post(f"/v1/sessions/{b}/runs",
+                       json={"code": "print(open('kept.bin','rb').read() == b'x' * (20 << 20))"}).json()
+            assert r["stdout"] == "True\n", r
+            assert write(c, b, "small.bin", 2)[:2] == (2, None)
+            # Freed, the session writes again; its own size full says so instead.
+            filler.unlink()
+            c.post(f"/v1/sessions/{a}/runs", json={"code": "import os; os.remove('big.bin')"})
+            wait_for("the share lifted", lambda: "disk_share_bytes" not in storage(d))
+            written, err, r = write(c, a, "big.bin", 30)
+            assert (written, err) == (30, None), r["stderr"]
+            assert "disk_full" not in r["usage"], r["usage"]
+            written, err, r = write(c, a, "bigger.bin", 300)
+            assert err == 28 and 100 < written < 200, (written, err)
+            assert r["usage"]["disk_full"] == "workspace", r["usage"]
+            assert "the session's workspace is full (its 200 MiB" in r["stderr"], r["stderr"]
+            # Nothing was lost in either session.
+            for sid in (a, b):
+                r = c.post(f"/v1/sessions/{sid}/runs",
+                           json={"code": "print(open('kept.bin','rb').read() == b'x' * (20 << 20))"}).json()
+                assert r["stdout"] == "True\n", r
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(state)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 DENSITY = 10_000
 
 

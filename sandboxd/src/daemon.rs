@@ -250,6 +250,7 @@ async fn serve_with(
             tokio::time::sleep(Duration::from_secs(1)).await;
             reaper.reap_expired().await;
             reaper.unmount_idle(unmount_after).await;
+            reaper.share_disk().await;
         }
     });
 

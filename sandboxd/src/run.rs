@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 mod death;
+mod disk;
 pub mod net;
 use death::Death;
 use net::Net;
@@ -232,6 +233,7 @@ pub async fn execute(
     let mut usage = outcome.usage.clone();
     let mut stderr = outcome.stderr.text();
     Net::finish(net.as_ref(), &mut usage, &mut stderr);
+    disk::note_full(&lease.workspace, policy, &mut usage, &mut stderr);
     let result = RunResult {
         run_id: run_id.clone(),
         session_id: lease.public_id.clone(),
@@ -420,6 +422,7 @@ async fn execute_cell(
             result.kernel = Some(KernelFields { result: None, exception: None, kernel_restarted: true });
         }
     }
+    disk::note_full(&lease.workspace, &lease.policy, &mut result.usage, &mut result.stderr);
     let phases = metrics::Phases { queue: Duration::ZERO, setup, execution: started.elapsed().saturating_sub(setup) };
     metrics::global().run_ended(metrics::Mode::Kernel, "python", result.status.as_str(), &phases);
     tracing::info!(

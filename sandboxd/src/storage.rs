@@ -33,6 +33,7 @@
 
 pub mod blank;
 mod loopdev;
+pub mod share;
 
 use blank::Blanks;
 use futures_util::future::BoxFuture;
@@ -269,6 +270,18 @@ pub trait Storage: Send + Sync {
     /// Bytes free on the filesystem of `sessions_dir`; `None` if it cannot say.
     fn free(&self, sessions_dir: &Path) -> Option<u64>;
 
+    /// Share `host_free` bytes of the host disk among the images mounted in
+    /// `session_dirs`, each held to its share ([`share`]); the level reached
+    /// (`u64::MAX`: each has all it has free). Storage whose images do not take
+    /// the host disk as they fill has nothing to share.
+    fn share(&self, _session_dirs: &[PathBuf], _host_free: u64) -> u64 {
+        u64::MAX
+    }
+
+    /// Hold the images mounted in `session_dir` to `level` bytes free each
+    /// (the last sharing's level), until the next sharing.
+    fn clamp(&self, _session_dir: &Path, _level: u64) {}
+
     /// How much more of the host disk the session in `session_dir` can take: its
     /// images' sizes (the workspace's and, once made, the package layer's: any
     /// run may write into either) less what they already take (images are
@@ -282,6 +295,15 @@ pub trait Storage: Send + Sync {
         let workspace = unallocated(IMAGE)?;
         Some(workspace.saturating_add(unallocated(LAYER_IMAGE).unwrap_or(0)))
     }
+}
+
+/// The images of `session_dir` mounted now: each filesystem's root and image.
+fn images_mounted(session_dir: &Path) -> Vec<share::Mounted> {
+    [(DATA, IMAGE), (LAYER, LAYER_IMAGE)]
+        .into_iter()
+        .filter(|(root, _)| is_root(session_dir, root))
+        .map(|(root, image)| (session_dir.join(root), session_dir.join(image)))
+        .collect()
 }
 
 /// The real workspaces and package layers: loop-mounted ext4 images (see the
@@ -359,6 +381,19 @@ impl Storage for LoopImages {
     fn open_layer<'a>(&'a self, session_dir: &'a Path, size_bytes: u64, uid: u32) -> BoxFuture<'a, io::Result<()>> {
         let (blanks, dir) = (self.blanks.clone(), session_dir.to_path_buf());
         Box::pin(whole(async move { open_layer(&blanks, &dir, size_bytes, uid).await }))
+    }
+
+    fn share(&self, session_dirs: &[PathBuf], host_free: u64) -> u64 {
+        let mounted: Vec<share::Mounted> = session_dirs.iter().flat_map(|dir| images_mounted(dir)).collect();
+        share::apply(host_free, &mounted)
+    }
+
+    fn clamp(&self, session_dir: &Path, level: u64) {
+        for (root, image) in images_mounted(session_dir) {
+            if let Err(e) = share::clamp(&root, &image, level) {
+                tracing::warn!(root = %root.display(), error = %e, "could not set a workspace's share of the host disk");
+            }
+        }
     }
 }
 

@@ -533,7 +533,13 @@ mod tests {
                 url: "http://x/a.png".into(),
             }],
             artifacts_truncated: false,
-            usage: RunUsage { cpu_ms: Some(12), memory_peak_bytes: Some(1 << 20), pids_peak: None, net: None },
+            usage: RunUsage {
+                cpu_ms: Some(12),
+                memory_peak_bytes: Some(1 << 20),
+                pids_peak: None,
+                net: None,
+                disk_full: None,
+            },
             kernel: None,
         };
         let value = serde_json::to_value(&script).unwrap();

@@ -170,7 +170,7 @@ impl Baseline {
         Usage {
             oom_killed: cg.oom_kills() > self.oom,
             pids_spent,
-            run: RunUsage { cpu_ms, memory_peak_bytes, pids_peak, net: None },
+            run: RunUsage { cpu_ms, memory_peak_bytes, pids_peak, net: None, disk_full: None },
         }
     }
 }

@@ -80,6 +80,13 @@ pub struct StorageStats {
     /// their run records' room): a new session is refused (507) when this and its
     /// own would pass `free_bytes` × `workspace_overcommit`.
     pub held_bytes: u64,
+    /// The most a mounted workspace (or package layer) may write now, when the
+    /// host disk is nearly full and its free room is shared among them: a
+    /// session past its share gets `ENOSPC` and a run result with
+    /// `usage.disk_full` = `host`. Absent while each may fill its own size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub disk_share_bytes: Option<u64>,
 }
 
 /// One thing that is degraded.

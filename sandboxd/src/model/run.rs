@@ -148,6 +148,23 @@ pub struct RunUsage {
     /// included; present when its policy has network (`allowlist`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<NetUsage>,
+    /// Present when the run ended with its workspace out of room, and which
+    /// room: its own (`workspace_mb`) or its share of the host disk. Its stderr
+    /// then says so too, and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_full: Option<DiskFull>,
+}
+
+/// Which room a workspace ran out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskFull {
+    /// Its own size (the policy's `workspace_mb`) is used up: delete files, or
+    /// use a policy with a larger workspace.
+    Workspace,
+    /// The host disk is nearly full: the session's share of what it has free
+    /// is used up. The operator's to free; closing sessions helps.
+    Host,
 }
 
 /// A run's use of the network, as the egress proxy saw it.

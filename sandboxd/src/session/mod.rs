@@ -202,6 +202,9 @@ pub struct Manager {
     policy_secrets: secrets::PolicySecrets,
     /// Held while a package layer is made ([`Manager::package_layer`]).
     making_layer: tokio::sync::Mutex<()>,
+    /// The level of the host disk's last sharing among the mounted images
+    /// ([`Manager::share_disk`]): what an image mounted since may have free.
+    disk_level: AtomicU64,
     /// How many times the room the state directory's filesystem has free the
     /// sessions' images may add up to (`workspace_overcommit`: images are sparse).
     overcommit: f64,
@@ -250,6 +253,7 @@ impl Manager {
             storage: Arc::new(storage::LoopImages::new(state_dir.join("blank-images"))),
             policy_secrets: secrets::PolicySecrets::new(),
             making_layer: tokio::sync::Mutex::new(()),
+            disk_level: AtomicU64::new(u64::MAX),
             overcommit: 1.0,
         })
     }
@@ -356,7 +360,9 @@ impl Manager {
             }
             if this.storage.has_layer_image(&dir) {
                 // Made by an earlier use: mounted again, counted already.
-                return this.storage.open_layer(&dir, size, uid).await.map_err(Error::Layer);
+                this.storage.open_layer(&dir, size, uid).await.map_err(Error::Layer)?;
+                this.storage.clamp(&dir, this.disk_level.load(Ordering::Relaxed));
+                return Ok(());
             }
             // One at a time: each counts the ones made before it.
             let _one = this.making_layer.lock().await;
@@ -375,6 +381,7 @@ impl Manager {
                 }
             }
             this.storage.open_layer(&dir, size, uid).await.map_err(Error::Layer)?;
+            this.storage.clamp(&dir, this.disk_level.load(Ordering::Relaxed));
             tracing::info!(session_id = %key, size_mb = size / (1024 * 1024), "the session's package layer was made");
             Ok(())
         });

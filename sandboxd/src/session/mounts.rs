@@ -16,6 +16,7 @@
 //! kernel's sandbox has it), as does one being torn down until its teardown.
 
 use super::{Error, Live, Manager, Phase};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -58,6 +59,8 @@ impl Manager {
                 this.storage.open(&dir, size, uid).await.map_err(Error::Workspace)?;
                 *mounted = true;
             }
+            // Held to its share of the host disk before anything writes into it.
+            this.storage.clamp(&dir, this.disk_level.load(Ordering::Relaxed));
             if !this.storage.is_open(&dir) {
                 *mounted = false;
                 let e = std::io::Error::other(format!("{} is not mounted", dir.join(crate::storage::DATA).display()));
@@ -129,6 +132,32 @@ impl Manager {
             }
         }
         unmounted
+    }
+
+    /// Share what the host disk has free among the images of the sessions
+    /// mounted now, each held to its share (`storage/share.rs`): a disk that
+    /// fills is `ENOSPC` to the session writing, never an I/O error under its
+    /// filesystem. The daemon calls it every second; a workspace mounted between
+    /// two calls gets the last level.
+    pub async fn share_disk(self: &Arc<Self>) {
+        let (dirs, room) = {
+            let map = self.lock();
+            let mounted: Vec<_> = map.iter().filter(|(_, l)| l.mount.try_lock().map_or(true, |m| *m)).collect();
+            let room = mounted.iter().map(|(_, l)| l.room).fold(0u64, u64::saturating_add);
+            (mounted.into_iter().map(|(key, _)| self.session_dir(key)).collect::<Vec<_>>(), room)
+        };
+        let Some(free) = self.storage.free(&self.dir) else { return };
+        // Room for every mounted image filled up (what each was last seen able
+        // to take, at most what it can): nothing to hold back, nothing held.
+        let last = self.disk_level.load(Ordering::Relaxed);
+        if last == u64::MAX && free.saturating_sub(crate::storage::share::MARGIN) >= room {
+            return;
+        }
+        let this = self.clone();
+        match tokio::task::spawn_blocking(move || this.storage.share(&dirs, free)).await {
+            Ok(level) => self.disk_level.store(level, Ordering::Relaxed),
+            Err(e) => tracing::warn!(error = %e, "sharing the host disk among the workspaces failed"),
+        }
     }
 
     /// How many sessions have their workspace mounted now (for health and

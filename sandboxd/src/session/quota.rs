@@ -92,6 +92,8 @@ impl Manager {
             workspace_overcommit: self.overcommit,
             free_bytes: self.storage.free(&self.dir),
             held_bytes: self.held_storage(&self.lock()),
+            disk_share_bytes: Some(self.disk_level.load(std::sync::atomic::Ordering::Relaxed))
+                .filter(|&level| level != u64::MAX),
         }
     }
 
