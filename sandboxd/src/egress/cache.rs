@@ -42,6 +42,21 @@ struct Download {
     began: Instant,
     length: u64,
     given_up: Arc<AtomicBool>,
+    /// Its part, open: given up, it is emptied and unlinked at once (a writer
+    /// whose sandbox stopped reading may not write again for hours, and an
+    /// unlinked file open is still on the disk).
+    part: Option<(PathBuf, Arc<File>)>,
+}
+
+impl Download {
+    /// Give it up: its writer stops at its next write, its part goes now.
+    fn give_up(&self) {
+        self.given_up.store(true, Ordering::Relaxed);
+        if let Some((path, file)) = &self.part {
+            let _ = file.set_len(0);
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// The most of the cache's size that downloads not yet whole may take together
@@ -142,7 +157,7 @@ impl Cache {
             downloading.retain(|_, d| {
                 let keep = d.began.elapsed() < DOWNLOAD_FOR;
                 if !keep {
-                    d.given_up.store(true, Ordering::Relaxed);
+                    d.give_up();
                 }
                 keep
             });
@@ -150,10 +165,22 @@ impl Cache {
             if downloading.contains_key(&digest) || announced + length > self.limit / DOWNLOADING_SHARE {
                 return None;
             }
-            downloading.insert(digest, Download { began: Instant::now(), length, given_up: given_up.clone() });
+            downloading
+                .insert(digest, Download { began: Instant::now(), length, given_up: given_up.clone(), part: None });
         }
         let part = self.dir.join(format!(".part-{}", uuid::Uuid::new_v4().simple()));
-        let file = File::options().write(true).create_new(true).mode(0o600).open(&part).ok();
+        let file = File::options().write(true).create_new(true).mode(0o600).open(&part).ok().map(Arc::new);
+        if let Some(file) = &file {
+            let mut downloading = self.downloading.lock().unwrap_or_else(|p| p.into_inner());
+            match downloading.get_mut(&digest).filter(|d| Arc::ptr_eq(&d.given_up, &given_up)) {
+                Some(d) => d.part = Some((part.clone(), file.clone())),
+                // Given up already (a clock that jumped): not started.
+                None => {
+                    let _ = std::fs::remove_file(&part);
+                    return None;
+                }
+            }
+        }
         Some(Writer {
             cache: self.clone(),
             digest,
@@ -201,7 +228,7 @@ impl Cache {
 pub struct Writer {
     cache: Arc<Cache>,
     digest: Digest32,
-    file: Option<File>,
+    file: Option<Arc<File>>,
     part: PathBuf,
     hasher: Blake2b256,
     /// What the index announced; no more is written.
@@ -220,7 +247,7 @@ impl Writer {
         self.hasher.update(chunk);
         let ok = self.written <= self.length
             && !self.given_up.load(Ordering::Relaxed)
-            && self.file.as_mut().is_some_and(|f| f.write_all(chunk).is_ok());
+            && self.file.as_deref().is_some_and(|mut f| f.write_all(chunk).is_ok());
         if !ok {
             // The part goes now, not when the download ends.
             self.failed = true;
@@ -240,6 +267,16 @@ impl Writer {
         let Some(file) = self.file.take() else { return false };
         if file.sync_data().is_err() {
             return false;
+        }
+        // Out of the downloads before it is renamed into place: a give-up from
+        // now on cannot empty the file kept.
+        {
+            let mut downloading = self.cache.downloading.lock().unwrap_or_else(|p| p.into_inner());
+            let ours = downloading.get(&self.digest).is_some_and(|d| Arc::ptr_eq(&d.given_up, &self.given_up));
+            if !ours || self.given_up.load(Ordering::Relaxed) {
+                return false;
+            }
+            downloading.remove(&self.digest);
         }
         drop(file);
         let dest = self.cache.dir.join(hex(&self.digest));
@@ -389,6 +426,26 @@ mod tests {
         assert!(cache.writer(a, Some(1000)).is_none());
         drop((second, third));
         assert!(cache.writer(a, Some(1000)).is_some());
+    }
+
+    #[test]
+    fn a_download_given_up_is_emptied_at_once_though_its_writer_writes_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(Cache::open(dir.path(), 4000).unwrap());
+        let bytes = vec![7u8; 1000];
+        let mut stalled = cache.writer(b2(&bytes), Some(1000)).unwrap();
+        stalled.write(&bytes[..900]);
+        // Older than DOWNLOAD_FOR: the next download gives it up.
+        let long_ago = Instant::now().checked_sub(DOWNLOAD_FOR + Duration::from_secs(1)).unwrap();
+        cache.downloading.lock().unwrap().values_mut().for_each(|d| d.began = long_ago);
+        let next = cache.writer(b2(b"next"), Some(10)).unwrap();
+        // Its part is gone from the disk while its writer, stalled, lives on.
+        let held: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(held, [next.part.clone()]);
+        assert_eq!(stalled.file.as_ref().unwrap().metadata().unwrap().blocks(), 0, "emptied, not just unlinked");
+        stalled.write(&bytes[900..]);
+        assert!(!stalled.commit());
+        drop(next);
     }
 
     #[test]
