@@ -441,7 +441,7 @@ mod tests {
         let next = cache.writer(b2(b"next"), Some(10)).unwrap();
         // Its part is gone from the disk while its writer, stalled, lives on.
         let held: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
-        assert_eq!(held, [next.part.clone()]);
+        assert_eq!(held, std::slice::from_ref(&next.part));
         assert_eq!(stalled.file.as_ref().unwrap().metadata().unwrap().blocks(), 0, "emptied, not just unlinked");
         stalled.write(&bytes[900..]);
         assert!(!stalled.commit());
