@@ -174,7 +174,9 @@ def test_a_stalled_event_stream_holds_no_run_and_loses_its_connection(fresh_daem
             # The run ends and lets its session go although nothing was read.
             wait_for(lambda: [r["status"] for r in c.get(f"/v1/sessions/{sid}/runs").json()["runs"]] == ["ok"], 60,
                      "the run did not end while its stream was unread")
-            assert c.get(f"/v1/sessions/{sid}").json()["busy"] is False
+            # (Its record is written just before its lease goes: a moment later.)
+            wait_for(lambda: c.get(f"/v1/sessions/{sid}").json()["busy"] is False, 10,
+                     "the run's lease was held by its unread stream")
             # The hold: the connection, blocked on the unread output.
             assert server_side_open(d, s)
             r = c.delete(f"/v1/sessions/{sid}")

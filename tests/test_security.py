@@ -310,6 +310,7 @@ res = {
     "finit_module": sc(N["finit_module"], -1, 0, 0),
     "open_by_handle_at": sc(N["open_by_handle_at"], -1, 0, 0),
     "clone3": sc(N["clone3"], 0, 0),
+    "fallocate": sc(285, 1, 0, 0, 4096),
     # clone(CLONE_NEWUSER | SIGCHLD) and clone(CLONE_NEWNET | SIGCHLD)
     "clone_newuser": sc(56, 0x10000000 | 17, 0, 0, 0, 0),
     "clone_newnet": sc(56, 0x40000000 | 17, 0, 0, 0, 0),
@@ -318,7 +319,14 @@ print(json.dumps(res))
 ''')
     expected = {k: "EPERM" for k in out}
     expected["clone3"] = "ENOSYS"
+    # EOPNOTSUPP (ENOTSUP): preallocated blocks would be holes on the host that
+    # a later write fills past the session's share of the host disk.
+    expected["fallocate"] = "ENOTSUP"
     assert out == expected
+    # posix_fallocate still works: glibc writes the blocks itself.
+    r = daemon.run("import os\nfd = os.open('pre.bin', os.O_CREAT | os.O_WRONLY)\nos.posix_fallocate(fd, 0, 1 << 20)\n"
+                   "print(os.fstat(fd).st_size, os.fstat(fd).st_blocks * 512)\nos.remove('pre.bin')")
+    assert r["stdout"] == f"{1 << 20} {1 << 20}\n", r
     # And the same from a shell tool: nested namespaces fail.
     result = daemon.run("unshare -U true; echo rc=$?", language="shell")
     assert "rc=1" in result["stdout"], result

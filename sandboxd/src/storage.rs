@@ -278,10 +278,6 @@ pub trait Storage: Send + Sync {
         u64::MAX
     }
 
-    /// Hold the images mounted in `session_dir` to `level` bytes free each
-    /// (the last sharing's level), until the next sharing.
-    fn clamp(&self, _session_dir: &Path, _level: u64) {}
-
     /// How much more of the host disk the session in `session_dir` can take: its
     /// images' sizes (the workspace's and, once made, the package layer's: any
     /// run may write into either) less what they already take (images are
@@ -297,13 +293,10 @@ pub trait Storage: Send + Sync {
     }
 }
 
-/// The images of `session_dir` mounted now: each filesystem's root and image.
-fn images_mounted(session_dir: &Path) -> Vec<share::Mounted> {
-    [(DATA, IMAGE), (LAYER, LAYER_IMAGE)]
-        .into_iter()
-        .filter(|(root, _)| is_root(session_dir, root))
-        .map(|(root, image)| (session_dir.join(root), session_dir.join(image)))
-        .collect()
+/// The images of `session_dir`, each filesystem's root and image (those not
+/// mounted are left out when they are read: [`share::apply`]).
+fn images_of(session_dir: &Path) -> [share::Mounted; 2] {
+    [(DATA, IMAGE), (LAYER, LAYER_IMAGE)].map(|(root, image)| (session_dir.join(root), session_dir.join(image)))
 }
 
 /// The real workspaces and package layers: loop-mounted ext4 images (see the
@@ -384,16 +377,8 @@ impl Storage for LoopImages {
     }
 
     fn share(&self, session_dirs: &[PathBuf], host_free: u64) -> u64 {
-        let mounted: Vec<share::Mounted> = session_dirs.iter().flat_map(|dir| images_mounted(dir)).collect();
-        share::apply(host_free, &mounted)
-    }
-
-    fn clamp(&self, session_dir: &Path, level: u64) {
-        for (root, image) in images_mounted(session_dir) {
-            if let Err(e) = share::clamp(&root, &image, level) {
-                tracing::warn!(root = %root.display(), error = %e, "could not set a workspace's share of the host disk");
-            }
-        }
+        let images: Vec<share::Mounted> = session_dirs.iter().flat_map(|dir| images_of(dir)).collect();
+        share::apply(host_free, &images)
     }
 }
 

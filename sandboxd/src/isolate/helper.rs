@@ -127,7 +127,11 @@ fn supervise(
     // a template's: it runs no user code, and each fork gets its own at Furnish).
     let listener = match &spec.egress {
         Some(egress) if !spec.template => {
-            Some(netns::listen_in(child.as_raw(), egress.port).map_err(Failure::at("egress")).map_err(ends)?)
+            // The child is ours (no other can reap it): its pid is its own.
+            let net = File::open(format!("/proc/{child}/ns/net"))
+                .map_err(Failure::at("open the sandbox's network namespace"))
+                .map_err(ends)?;
+            Some(netns::listen_in(&net, egress.port).map_err(Failure::at("egress")).map_err(ends)?)
         }
         _ => None,
     };
@@ -216,15 +220,14 @@ fn serve_attaches(
         let req: HelperRequest = channel::parse(&line).map_err(Failure::at("parse a request"))?;
         match req {
             HelperRequest::Furnish { pid } => {
-                let run_ns = run_namespace(pid)?;
+                let run_ns = run_namespaces(pid)?;
                 let host_ns =
                     File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
-                attach::furnish(&furnishings, run_ns.as_fd(), host_ns.as_fd()).map_err(Failure::at("furnish"))?;
-                // The fork's own network namespace (the one `run_namespace` checked
-                // the pid of) gets its egress listener.
+                attach::furnish(&furnishings, run_ns.mnt.as_fd(), host_ns.as_fd()).map_err(Failure::at("furnish"))?;
+                // The fork's own network namespace gets its egress listener.
                 match &spec.egress {
                     Some(egress) => {
-                        let fd = netns::listen_in(pid, egress.port).map_err(Failure::at("egress"))?;
+                        let fd = netns::listen_in(&run_ns.net, egress.port).map_err(Failure::at("egress"))?;
                         control.send_with_fd(&Event::Furnished { listener: true }, &fd)?;
                     }
                     None => control.send(&Event::Furnished { listener: false }),
@@ -252,14 +255,40 @@ fn serve_attaches(
 /// Longest request line read from the daemon.
 const REQUEST_LINE: usize = 64 * 1024;
 
-/// The mount namespace of `pid`, which must be one of this sandbox's processes.
-fn run_namespace(pid: i32) -> Result<File, Failure> {
+/// A process of this sandbox's namespaces (see [`run_namespaces`]).
+struct RunNamespaces {
+    mnt: File,
+    net: File,
+}
+
+/// The mount and network namespaces of `pid`, which must be one of this
+/// sandbox's processes. The pid is held by a pidfd from before it is checked
+/// until after its namespaces are opened, and found alive then: had it ended
+/// and its number gone to another process meanwhile, these would be that one's
+/// (a host process's, say), and the workspace or the egress listener would land
+/// there.
+fn run_namespaces(pid: i32) -> Result<RunNamespaces, Failure> {
+    let not_ours = || Failure { step: "attach workspace", error: format!("pid {pid} is not in this sandbox") };
+    let held = rustix::process::Pid::from_raw(pid).ok_or_else(not_ours)?;
+    let pidfd = rustix::process::pidfd_open(held, rustix::process::PidfdFlags::empty())
+        .map_err(|e| Failure { step: "find the run", error: format!("pidfd_open {pid}: {e}") })?;
     let ours = std::fs::read_to_string("/proc/self/cgroup").map_err(Failure::at("read our cgroup"))?;
     let theirs = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(Failure::at("find the run"))?;
     if ours != theirs {
-        return Err(Failure { step: "attach workspace", error: format!("pid {pid} is not in this sandbox") });
+        return Err(not_ours());
     }
-    File::open(format!("/proc/{pid}/ns/mnt")).map_err(Failure::at("open the run's mount namespace"))
+    let mnt = File::open(format!("/proc/{pid}/ns/mnt")).map_err(Failure::at("open the run's mount namespace"))?;
+    let net = File::open(format!("/proc/{pid}/ns/net")).map_err(Failure::at("open the run's network namespace"))?;
+    // A pidfd is readable once its process has ended (even one not yet reaped,
+    // whose number cannot have gone to another: refused too).
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    let ended = poll(&mut fds, PollTimeout::ZERO).map_err(Failure::at("find the run"))? != 0;
+    if ended {
+        return Err(Failure { step: "find the run", error: format!("pid {pid} ended while it was being attached") });
+    }
+    Ok(RunNamespaces { mnt, net })
 }
 
 /// Mount `req`'s workspace at `/mnt/data` in the sandbox, or in the mount
@@ -267,9 +296,9 @@ fn run_namespace(pid: i32) -> Result<File, Failure> {
 /// idmap of `userns`.
 fn attach(sandbox_ns: &File, req: &Attach, userns: &OwnedFd) -> Result<(), Failure> {
     use std::os::fd::AsFd;
-    let run_ns = req.pid.map(run_namespace).transpose()?;
+    let run_ns = req.pid.map(run_namespaces).transpose()?;
     let host_ns = File::open("/proc/self/ns/mnt").map_err(Failure::at("open the host's mount namespace"))?;
-    let target = run_ns.as_ref().unwrap_or(sandbox_ns);
+    let target = run_ns.as_ref().map_or(sandbox_ns, |ns| &ns.mnt);
     attach::workspace(&req.workspace, userns.as_fd(), target.as_fd(), host_ns.as_fd())
         .map_err(Failure::at("attach workspace"))?;
     if let Some(layer) = &req.packages {

@@ -28,15 +28,15 @@ fn err<E: Into<std::io::Error>>(op: &'static str) -> impl FnOnce(E) -> Error {
 /// Connections a sandbox may have waiting to be accepted.
 const BACKLOG: i32 = 64;
 
-/// A socket listening on `127.0.0.1:port` in the network namespace of `pid` (one
-/// of the caller's sandbox's processes), non-blocking and close-on-exec.
+/// A socket listening on `127.0.0.1:port` in the network namespace `target` (one
+/// of the caller's sandbox's processes', opened by the caller while it knew the
+/// process), non-blocking and close-on-exec.
 ///
 /// The caller must be single-threaded (the helper is): the whole process enters
 /// the sandbox's namespace for the moment the socket is made, and is back in its
 /// own when this returns. If it cannot get back, it must not go on (it would
 /// reach the host's network through the sandbox's): it exits.
-pub fn listen_in(pid: i32, port: u16) -> Result<OwnedFd, Error> {
-    let target = File::open(format!("/proc/{pid}/ns/net")).map_err(err("open the sandbox's namespace"))?;
+pub fn listen_in(target: &File, port: u16) -> Result<OwnedFd, Error> {
     let home = File::open("/proc/self/ns/net").map_err(err("open our own namespace"))?;
     nix::sched::setns(target.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(err("setns"))?;
     let made = listener(port);

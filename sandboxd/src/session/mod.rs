@@ -205,6 +205,8 @@ pub struct Manager {
     /// The level of the host disk's last sharing among the mounted images
     /// ([`Manager::share_disk`]): what an image mounted since may have free.
     disk_level: AtomicU64,
+    /// One sharing of the host disk at a time ([`Manager::share_disk`]).
+    sharing: tokio::sync::Mutex<()>,
     /// How many times the room the state directory's filesystem has free the
     /// sessions' images may add up to (`workspace_overcommit`: images are sparse).
     overcommit: f64,
@@ -254,6 +256,7 @@ impl Manager {
             policy_secrets: secrets::PolicySecrets::new(),
             making_layer: tokio::sync::Mutex::new(()),
             disk_level: AtomicU64::new(u64::MAX),
+            sharing: tokio::sync::Mutex::new(()),
             overcommit: 1.0,
         })
     }
@@ -361,7 +364,7 @@ impl Manager {
             if this.storage.has_layer_image(&dir) {
                 // Made by an earlier use: mounted again, counted already.
                 this.storage.open_layer(&dir, size, uid).await.map_err(Error::Layer)?;
-                this.storage.clamp(&dir, this.disk_level.load(Ordering::Relaxed));
+                this.share_disk().await;
                 return Ok(());
             }
             // One at a time: each counts the ones made before it.
@@ -381,7 +384,8 @@ impl Manager {
                 }
             }
             this.storage.open_layer(&dir, size, uid).await.map_err(Error::Layer)?;
-            this.storage.clamp(&dir, this.disk_level.load(Ordering::Relaxed));
+            // Shared with the others before anything writes into it.
+            this.share_disk().await;
             tracing::info!(session_id = %key, size_mb = size / (1024 * 1024), "the session's package layer was made");
             Ok(())
         });

@@ -59,8 +59,10 @@ impl Manager {
                 this.storage.open(&dir, size, uid).await.map_err(Error::Workspace)?;
                 *mounted = true;
             }
-            // Held to its share of the host disk before anything writes into it.
-            this.storage.clamp(&dir, this.disk_level.load(Ordering::Relaxed));
+            // Counted in the host disk's sharing, and held to its share, before
+            // anything writes into it (this task holds its mount lock: it counts
+            // as mounted).
+            this.share_disk().await;
             if !this.storage.is_open(&dir) {
                 *mounted = false;
                 let e = std::io::Error::other(format!("{} is not mounted", dir.join(crate::storage::DATA).display()));
@@ -137,9 +139,11 @@ impl Manager {
     /// Share what the host disk has free among the images of the sessions
     /// mounted now, each held to its share (`storage/share.rs`): a disk that
     /// fills is `ENOSPC` to the session writing, never an I/O error under its
-    /// filesystem. The daemon calls it every second; a workspace mounted between
-    /// two calls gets the last level.
+    /// filesystem. The daemon calls it every second, and each mount before its
+    /// images are handed out (one holding its session's mount lock counts as
+    /// mounted); one sharing at a time.
     pub async fn share_disk(self: &Arc<Self>) {
+        let _one = self.sharing.lock().await;
         let (dirs, room) = {
             let map = self.lock();
             let mounted: Vec<_> = map.iter().filter(|(_, l)| l.mount.try_lock().map_or(true, |m| *m)).collect();

@@ -64,11 +64,13 @@ pub fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
 
 /// The loop device still bound to `backing` (the file at `image`), if any, open,
 /// and its path. Every bound loop device (`/sys/block/loopN/loop` is there) is
-/// asked, open, which device and inode it reads: a name can mislead (the path
-/// the kernel shows is the one given at binding, and a state directory reached
-/// another way shows another), a device and inode cannot. A device that cannot
-/// be asked is an error, as is a system that cannot list them: binding a second
-/// device is never a guess. One let go meanwhile (`ENXIO`, `ENOENT`) is not bound.
+/// asked, open, which device and inode it reads: a path can mislead (the one the
+/// kernel shows is the one given at binding, and a state directory reached
+/// another way shows another), a device and inode cannot. A device whose backing
+/// file has the image's name that cannot be asked is an error, as is a system
+/// that cannot list them: binding a second device is never a guess. Another
+/// device that cannot be asked (the host's, in a container that may not open it)
+/// is not the image's; one let go meanwhile (`ENXIO`, `ENOENT`) is not bound.
 fn bound_device(backing: &File, image: &Path) -> io::Result<Option<(File, std::path::PathBuf)>> {
     use std::os::unix::fs::MetadataExt;
     let meta = backing.metadata()?;
@@ -82,10 +84,15 @@ fn bound_device(backing: &File, image: &Path) -> io::Result<Option<(File, std::p
         if !name.as_bytes().starts_with(b"loop") || !entry.path().join("loop").exists() {
             continue;
         }
+        // Could it be the image's? Its backing file has the image's name (the
+        // path around it may differ).
+        let shown = std::fs::read(entry.path().join("loop/backing_file")).unwrap_or_default();
+        let shown = shown.strip_suffix(b"\n").unwrap_or(&shown);
+        let maybe_ours = image.file_name().is_some_and(|n| shown.ends_with(n.as_bytes()));
         let path = Path::new("/dev").join(&name);
         let device = match OpenOptions::new().read(true).open(&path) {
             Ok(device) => device,
-            Err(e) if gone(&e) => continue,
+            Err(e) if gone(&e) || !maybe_ours => continue,
             Err(e) => {
                 return Err(io::Error::new(e.kind(), format!("{} (asking what it is bound to): {e}", path.display())))
             }
@@ -97,7 +104,7 @@ fn bound_device(backing: &File, image: &Path) -> io::Result<Option<(File, std::p
         match unsafe { get_status(device.as_raw_fd(), &mut info) }.map_err(io::Error::from) {
             Ok(_) if info.lo_inode == meta.ino() && info.lo_device == meta.dev() => return Ok(Some((device, path))),
             Ok(_) => {}
-            Err(e) if gone(&e) => {}
+            Err(e) if gone(&e) || !maybe_ours => {}
             Err(e) => return Err(io::Error::new(e.kind(), format!("LOOP_GET_STATUS64 {}: {e}", path.display()))),
         }
     }

@@ -44,7 +44,29 @@ pub struct Fs {
     pub free_blocks: u64,
     /// Bytes of its image the host has not allocated yet (the file is sparse).
     pub unallocated: u64,
+    /// Its inodes (their tables, holes in a fresh image, are written as they are
+    /// used).
+    pub inodes: u64,
 }
+
+/// The journal mkfs.ext4 gives a filesystem of `blocks` blocks, in blocks
+/// (e2fsprogs' `ext2fs_default_journal_size`).
+pub fn journal_blocks(blocks: u64) -> u64 {
+    match blocks {
+        0..2048 => 0,
+        2048..32_768 => 1024,
+        32_768..262_144 => 4096,
+        262_144..524_288 => 8192,
+        524_288..4_194_304 => 16_384,
+        4_194_304..8_388_608 => 32_768,
+        8_388_608..16_777_216 => 65_536,
+        16_777_216..33_554_432 => 131_072,
+        _ => 262_144,
+    }
+}
+
+/// Bytes of an inode in the images mkfs.ext4 makes.
+const INODE_BYTES: u64 = 256;
 
 impl Fs {
     /// What ext4 holds back by itself (`min(2 %, 4096 clusters)`): never less.
@@ -58,9 +80,17 @@ impl Fs {
     }
 
     /// Bytes its image could still take on the host beyond what its ext4
-    /// counts as free (its journal and inode tables, not yet written).
+    /// counts as free to its writers: what ext4 itself writes where the image may
+    /// still have holes (its journal, its inode tables, its own reserve), and
+    /// whatever else of the image is a hole but not free in ext4. Where the image
+    /// has room on the host ext4 does not count as free (blocks written once and
+    /// deleted) this cannot tell which holes are which, so ext4's own writes are
+    /// counted whole: never less than a tenant could make the image grow by.
     pub fn beyond_free(&self) -> u64 {
-        self.unallocated.saturating_sub(self.free_blocks.saturating_mul(self.block))
+        let own = (journal_blocks(self.blocks) + self.floor()).saturating_mul(self.block)
+            + self.inodes.saturating_mul(INODE_BYTES);
+        let not_free = self.unallocated.saturating_sub(self.free_blocks.saturating_mul(self.block));
+        not_free.max(own.min(self.unallocated))
     }
 
     /// The `reserved_clusters` that leave it `allowed` bytes free.
@@ -96,32 +126,48 @@ pub fn fill(budget: u64, wants: &[u64]) -> (Vec<u64>, u64) {
     (wants.iter().map(|&w| w.min(level)).collect(), level)
 }
 
-/// The filesystem mounted at `root`, if one is: its device's name in `/sys/fs/ext4`.
-fn ext4_name(root: &Path) -> io::Result<String> {
-    let dev = std::fs::metadata(root)?.dev();
-    let link = std::fs::read_link(format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev)))?;
-    link.file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_string)
-        .ok_or_else(|| io::Error::other(format!("{} has no block device name", root.display())))
+/// A mounted image's filesystem, held open from its reading to its reserve's
+/// writing: the open root pins the mount (an unmount meanwhile cannot leave the
+/// path on the state directory's own filesystem, whose reserve would then be
+/// written), and so its loop device (which no other image can take meanwhile).
+struct Held {
+    /// Its device's name in `/sys/fs/ext4` (a loop device's: never another).
+    name: String,
+    fs: Fs,
 }
 
-/// What the kernel says of the filesystem at `root` whose image is `image`.
-fn read(root: &Path, image: &Path) -> io::Result<Fs> {
-    let fs = nix::sys::statvfs::statvfs(root).map_err(io::Error::from)?;
-    let meta = std::fs::metadata(image)?;
+/// The image `image`'s filesystem mounted at `root`, read while held open.
+fn hold(root: &Path, image: &Path) -> io::Result<(std::fs::File, Held)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(root)?;
+    let meta = dir.metadata()?;
+    let parent = root.parent().map(std::fs::metadata).transpose()?;
+    if parent.is_none_or(|p| p.dev() == meta.dev()) || meta.ino() != 2 {
+        return Err(io::Error::other(format!("{} is not a mounted image", root.display())));
+    }
+    let link = std::fs::read_link(format!("/sys/dev/block/{}:{}", libc::major(meta.dev()), libc::minor(meta.dev())))?;
+    let name = link.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    if !name.starts_with("loop") {
+        return Err(io::Error::other(format!("{} is on {name:?}, not a loop device", root.display())));
+    }
+    let fs = nix::sys::statvfs::fstatvfs(&dir).map_err(io::Error::from)?;
+    let image = std::fs::metadata(image)?;
     let block = fs.fragment_size().max(1);
-    Ok(Fs {
+    let fs = Fs {
         block,
-        blocks: meta.len() / block,
+        blocks: image.len() / block,
         free_blocks: fs.blocks_free(),
-        unallocated: meta.len().saturating_sub(meta.blocks().saturating_mul(512)),
-    })
+        unallocated: image.len().saturating_sub(image.blocks().saturating_mul(512)),
+        inodes: fs.files(),
+    };
+    Ok((dir, Held { name, fs }))
 }
 
-fn write_reserved(root: &Path, clusters: u64) -> io::Result<()> {
-    let path = format!("/sys/fs/ext4/{}/reserved_clusters", ext4_name(root)?);
-    std::fs::write(&path, clusters.to_string()).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
+impl Held {
+    fn write_reserved(&self, clusters: u64) -> io::Result<()> {
+        let path = format!("/sys/fs/ext4/{}/reserved_clusters", self.name);
+        std::fs::write(&path, clusters.to_string()).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
+    }
 }
 
 /// A mounted image: its filesystem's root and its image file.
@@ -129,25 +175,19 @@ pub type Mounted = (PathBuf, PathBuf);
 
 /// Share `host_free` bytes among the filesystems `mounted` (see the module's
 /// notes) and set each one's reserve; the level reached. One that cannot be read
-/// or set (unmounted meanwhile) is left out, with a warning.
+/// (unmounted meanwhile) is left out; one whose reserve cannot be set counts,
+/// with a warning.
 pub fn apply(host_free: u64, mounted: &[Mounted]) -> u64 {
-    let read: Vec<(&Mounted, Fs)> = mounted.iter().filter_map(|m| read(&m.0, &m.1).ok().map(|fs| (m, fs))).collect();
-    let fss: Vec<Fs> = read.iter().map(|(_, fs)| *fs).collect();
+    let held: Vec<(std::fs::File, Held)> = mounted.iter().filter_map(|m| hold(&m.0, &m.1).ok()).collect();
+    let fss: Vec<Fs> = held.iter().map(|(_, h)| h.fs).collect();
     let wants: Vec<u64> = fss.iter().map(Fs::wants).collect();
     let (shares, level) = fill(budget(host_free, &fss), &wants);
-    for ((m, fs), share) in read.iter().zip(shares) {
-        if let Err(e) = write_reserved(&m.0, fs.reserved_for(share)) {
-            tracing::warn!(root = %m.0.display(), error = %e, "could not set a workspace's share of the host disk");
+    for ((_root, h), share) in held.iter().zip(shares) {
+        if let Err(e) = h.write_reserved(h.fs.reserved_for(share)) {
+            tracing::warn!(device = %h.name, error = %e, "could not set a workspace's share of the host disk");
         }
     }
     level
-}
-
-/// Give the filesystem newly mounted at `root` (image `image`) at most `level`
-/// bytes free, the level of the last sharing, until the next.
-pub fn clamp(root: &Path, image: &Path, level: u64) -> io::Result<()> {
-    let fs = read(root, image)?;
-    write_reserved(root, fs.reserved_for(fs.wants().min(level)))
 }
 
 /// How full a mounted image's filesystem is ([`room_at`]).
@@ -164,8 +204,9 @@ pub struct Room {
 
 /// How full the filesystem at `root` (image `image`) is.
 pub fn room_at(root: &Path, image: &Path) -> io::Result<Room> {
-    let fs = read(root, image)?;
-    let free = nix::sys::statvfs::statvfs(root).map_err(io::Error::from)?.blocks_available().saturating_mul(fs.block);
+    let (dir, held) = hold(root, image)?;
+    let fs = held.fs;
+    let free = nix::sys::statvfs::fstatvfs(&dir).map_err(io::Error::from)?.blocks_available().saturating_mul(fs.block);
     Ok(Room {
         free,
         size: fs.blocks.saturating_mul(fs.block),
@@ -182,7 +223,7 @@ mod tests {
     fn fs(free_mib: u64) -> Fs {
         // A 1 GiB image of 4 KiB blocks, with 40 MiB of journal and inode
         // tables not yet on the host.
-        Fs { block: 4096, blocks: 262_144, free_blocks: free_mib * 256, unallocated: (free_mib + 40) * MIB }
+        Fs { block: 4096, blocks: 262_144, free_blocks: free_mib * 256, unallocated: (free_mib + 40) * MIB, inodes: 0 }
     }
 
     #[test]
@@ -198,10 +239,26 @@ mod tests {
 
     #[test]
     fn the_budget_is_what_the_host_has_free_less_the_margin_and_what_images_take_beyond_their_free() {
+        // Each: 40 MiB of holes ext4 does not count as free, but its journal
+        // (32 MiB for 1 GiB) and its own reserve (16 MiB) count whole.
         let fss = [fs(500), fs(100)];
-        assert_eq!(budget(MARGIN + 80 * MIB + 1000, &fss), 1000);
+        assert_eq!(fss[0].beyond_free(), 48 * MIB);
+        assert_eq!(budget(MARGIN + 96 * MIB + 1000, &fss), 1000);
         assert_eq!(budget(MARGIN + 10 * MIB, &fss), 0);
         assert_eq!(budget(0, &[]), 0);
+        // Inode tables too.
+        assert_eq!(Fs { inodes: 65_536, ..fs(500) }.beyond_free(), 64 * MIB);
+    }
+
+    #[test]
+    fn blocks_written_and_deleted_hide_no_holes_ext4_will_write() {
+        // 300 MiB written and deleted: free in ext4, but on the host already; the
+        // image's holes are now fewer than what ext4 counts free.
+        let f = Fs { block: 4096, blocks: 262_144, free_blocks: 900 * 256, unallocated: 620 * MIB, inodes: 0 };
+        assert_eq!(f.beyond_free(), 48 * MIB, "its journal and reserve still count");
+        // An image with almost no holes left: at most those.
+        let full = Fs { unallocated: 5 * MIB, ..f };
+        assert_eq!(full.beyond_free(), 5 * MIB);
     }
 
     #[test]
@@ -216,7 +273,7 @@ mod tests {
         assert_eq!(f.reserved_for(u64::MAX), 4096);
         // Nothing: all it has free (the kernel refuses one as large as the disk).
         assert_eq!(f.reserved_for(0), 500 * 256);
-        let tiny = Fs { block: 4096, blocks: 10, free_blocks: 10, unallocated: 0 };
+        let tiny = Fs { block: 4096, blocks: 10, free_blocks: 10, unallocated: 0, inodes: 0 };
         assert_eq!(tiny.reserved_for(0), 9);
     }
 

@@ -155,6 +155,8 @@ mod tests {
             }
         } else if is(libc::SYS_clone3) {
             errno(libc::ENOSYS)
+        } else if is(libc::SYS_fallocate) {
+            errno(libc::EOPNOTSUPP)
         } else {
             errno(libc::EPERM)
         }
@@ -237,6 +239,7 @@ mod tests {
         assert_eq!(call(libc::SYS_read, 0, 0), ALLOW);
         assert_eq!(call(libc::SYS_mount, 0, 0), eperm);
         assert_eq!(call(libc::SYS_clone3, 0, 0), errno(libc::ENOSYS));
+        assert_eq!(call(libc::SYS_fallocate, 3, 0), errno(libc::EOPNOTSUPP));
         assert_eq!(call(libc::SYS_clone, libc::SIGCHLD as u64, 0), ALLOW);
         assert_eq!(call(libc::SYS_clone, libc::CLONE_NEWUSER as u64, 0), eperm);
         let socket = |f: i32, t: i32, p: i32| {
@@ -255,7 +258,11 @@ mod tests {
         assert_eq!(call(0x4000_0000 + libc::SYS_read, 0, 0), eperm, "x32");
         assert_eq!(run(&prog.0, 3, 0x4000_0003, [0; 6]), KILL_PROCESS, "i386");
         for (name, nr) in DENIED {
-            let expect = if *nr == libc::SYS_clone3 { errno(libc::ENOSYS) } else { eperm };
+            let expect = match *nr {
+                libc::SYS_clone3 => errno(libc::ENOSYS),
+                libc::SYS_fallocate => errno(libc::EOPNOTSUPP),
+                _ => eperm,
+            };
             assert_eq!(call(*nr, 0, 0), expect, "{name}");
         }
     }

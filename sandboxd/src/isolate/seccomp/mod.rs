@@ -9,6 +9,9 @@
 //!   with `EPERM`.
 //! - `clone3` fails with `ENOSYS`, so glibc falls back to `clone`, whose flags the
 //!   filter can inspect.
+//! - `fallocate` fails with `EOPNOTSUPP`, so glibc's `posix_fallocate` writes the
+//!   blocks instead: preallocated blocks would be holes on the host that a later
+//!   write fills past the session's share of the host disk (`storage/share.rs`).
 //!
 //! A file per role: `list.rs` (the allow-list and what is refused, as data),
 //! `rules.rs` (the rules made from it: pure, unit-tested), `compile.rs`

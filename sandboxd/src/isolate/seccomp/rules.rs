@@ -63,7 +63,7 @@ pub fn none_of(values: &[u32]) -> Vec<(u32, u32)> {
 
 /// The whole filter as data: every call of [`allowed`], `clone` without namespace
 /// flags, `socket`/`socketpair` of [`ALLOWED_SOCKETS`], `ioctl` but the denied
-/// requests, `clone3` → `ENOSYS`.
+/// requests, `clone3` → `ENOSYS`, `fallocate` → `EOPNOTSUPP`.
 pub fn rules() -> Vec<Rule> {
     let allow = |nr, when| Rule { nr, action: Action::Allow, when };
     let mut rules: Vec<Rule> = allowed().into_iter().map(|(_, nr)| allow(nr, vec![])).collect();
@@ -85,6 +85,7 @@ pub fn rules() -> Vec<Rule> {
         rules.push(allow(libc::SYS_ioctl, vec![Masked { arg: 1, mask: mask.into(), value: value.into() }]));
     }
     rules.push(Rule { nr: libc::SYS_clone3, action: Action::Errno(libc::ENOSYS), when: vec![] });
+    rules.push(Rule { nr: libc::SYS_fallocate, action: Action::Errno(libc::EOPNOTSUPP), when: vec![] });
     rules
 }
 
