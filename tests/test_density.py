@@ -3,6 +3,7 @@ session's workspace is unmounted and mounted again at its next use with its file
 the sessions' images may be overcommitted (`workspace_overcommit`), and ten thousand
 sessions of the default policy are held by one daemon."""
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -106,46 +107,67 @@ OVERCOMMIT_POLICY = DEFAULT_POLICY.replace("workspace_mb = 1024", "workspace_mb 
     "packages_mb = 512", "packages_mb = 0")
 
 
+@contextlib.contextmanager
+def on_small_disk(name, size_mb, overcommit, *args):
+    """A daemon (started) whose state directory is a tmpfs of `size_mb`, its
+    sessions of 200 MiB workspaces overcommitted `overcommit` times: the daemon,
+    and its state directory."""
+    base = scratch_dir(f"{name}-")
+    state = base / "d" / "state"
+    state.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0711", f"sandboxd-test-{name}", str(state)],
+                   check=True)
+    d = Daemon(base / "d", policies={"default": OVERCOMMIT_POLICY},
+               args=["--workspace-overcommit", str(overcommit), "--pool-size", "0", *args])
+    try:
+        d.start()
+        yield d, state
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(state)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def fill(state, leave):
+    """Take all but `leave` bytes of what the state directory's filesystem has
+    free (something else on the host filling it): the file that does."""
+    fs = os.statvfs(state)
+    filler = state / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - leave)
+    finally:
+        os.close(fd)
+    return filler
+
+
 def test_workspace_overcommit_holds_that_many_times_what_the_disk_has_free():
     counts = {}
     for overcommit in ("1", "4"):
-        base = scratch_dir("overcommit-")
-        state = base / "d" / "state"
-        state.mkdir(parents=True)
         # 700 MiB free, less what the daemon itself keeps there: each session may
         # take 200 MiB of workspace and 9 MiB of run records. Reserved whole, two or
         # three fit; overcommitted 4 times, four times as many.
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m,mode=0711", "sandboxd-test-overcommit", str(state)],
-                       check=True)
-        d = Daemon(base / "d", policies={"default": OVERCOMMIT_POLICY},
-                   args=["--workspace-overcommit", overcommit, "--max-sessions", "100", "--pool-size", "0"])
-        try:
-            d.start()
-            with d.http() as c:
-                made = []
-                while True:
-                    r = c.post("/v1/sessions", json={})
-                    if r.status_code != 201:
-                        break
-                    made.append(r.json()["id"])
-                assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), r.text
-                message = r.json()["error"]["message"]
-                assert "raise workspace_overcommit" in message, message
-                assert ("workspace_overcommit)" in message) == (overcommit != "1"), message
-                held = storage(d)
-                assert held["workspace_overcommit"] == float(overcommit)
-                assert held["held_bytes"] <= held["free_bytes"] * float(overcommit)
-                # Each one runs, its image made at its first use.
-                for sid in made[:2]:
-                    r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print('ran')"}).json()
-                    assert r["stdout"] == "ran\n", r
-                for sid in made:
-                    assert c.delete(f"/v1/sessions/{sid}").status_code == 200
-            counts[overcommit] = len(made)
-        finally:
-            d.stop()
-            subprocess.run(["umount", "-l", str(state)], check=False)
-            shutil.rmtree(base, ignore_errors=True)
+        with on_small_disk("overcommit", 700, overcommit, "--max-sessions", "100") as (d, _), d.http() as c:
+            made = []
+            while True:
+                r = c.post("/v1/sessions", json={})
+                if r.status_code != 201:
+                    break
+                made.append(r.json()["id"])
+            assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), r.text
+            message = r.json()["error"]["message"]
+            assert "raise workspace_overcommit" in message, message
+            assert ("workspace_overcommit)" in message) == (overcommit != "1"), message
+            held = storage(d)
+            assert held["workspace_overcommit"] == float(overcommit)
+            assert held["held_bytes"] <= held["free_bytes"] * float(overcommit)
+            # Each one runs, its image made at its first use.
+            for sid in made[:2]:
+                r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print('ran')"}).json()
+                assert r["stdout"] == "ran\n", r
+            for sid in made:
+                assert c.delete(f"/v1/sessions/{sid}").status_code == 200
+        counts[overcommit] = len(made)
     assert 2 <= counts["1"] <= 3, counts
     assert 4 * counts["1"] - 1 <= counts["4"] <= 4 * counts["1"] + 4, counts
 
@@ -154,47 +176,24 @@ def test_a_full_disk_at_a_sessions_first_use_is_507_and_harms_nothing():
     """The host disk full when a session's workspace is made (the first blank of
     its size, by mkfs; or a later one's sparse copy): that use is answered 507
     with what to do, the session stays, and once there is room it is made."""
-    base = scratch_dir("full-")
-    state = base / "d" / "state"
-    state.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600m,mode=0711", "sandboxd-test-full", str(state)], check=True)
-    d = Daemon(base / "d", policies={"default": OVERCOMMIT_POLICY},
-               args=["--workspace-overcommit", "100", "--pool-size", "0"])
-    filler = state / "filler"
-
-    def fill():
-        """Take all but 64 KiB of what the state's filesystem has free."""
-        fs = os.statvfs(state)
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.posix_fallocate(fd, os.fstat(fd).st_size, fs.f_bavail * fs.f_frsize - 64 * 1024)
-        finally:
-            os.close(fd)
-
-    try:
-        d.start()
-        with d.http() as c:
-            first, second = new_session(c), new_session(c)
-            for sid, what in ((first, "the first blank of its size (mkfs)"), (second, "a copy of the blank")):
-                fill()
-                r = c.put(f"/v1/sessions/{sid}/files/a.txt", content=b"x")
-                assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), (what, r.text)
-                assert "free disk space" in r.json()["error"]["message"], r.text
-                r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print(1)"})
-                assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), (what, r.text)
-                # Nothing half made left behind; the session is still there.
-                assert not [p.name for p in (d.state / "sessions").glob(f"*{sid}/workspace.img*")], what
-                assert not [m for m in mounted_below(d, state / "sessions") if sid in m], what
-                assert c.get(f"/v1/sessions/{sid}").status_code == 200
-                filler.unlink()
-                r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "open('a.txt','w').write('ok'); print(1)"}).json()
-                assert r["stdout"] == "1\n", (what, r)
-                assert c.get(f"/v1/sessions/{sid}/files/a.txt").content == b"ok"
-            assert d.uds().get("/v1/health").status_code == 200
-    finally:
-        d.stop()
-        subprocess.run(["umount", "-l", str(state)], check=False)
-        shutil.rmtree(base, ignore_errors=True)
+    with on_small_disk("full", 600, 100) as (d, state), d.http() as c:
+        first, second = new_session(c), new_session(c)
+        for sid, what in ((first, "the first blank of its size (mkfs)"), (second, "a copy of the blank")):
+            filler = fill(state, 64 * 1024)
+            r = c.put(f"/v1/sessions/{sid}/files/a.txt", content=b"x")
+            assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), (what, r.text)
+            assert "free disk space" in r.json()["error"]["message"], r.text
+            r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "print(1)"})
+            assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), (what, r.text)
+            # Nothing half made left behind; the session is still there.
+            assert not [p.name for p in (d.state / "sessions").glob(f"*{sid}/workspace.img*")], what
+            assert not [m for m in mounted_below(d, state / "sessions") if sid in m], what
+            assert c.get(f"/v1/sessions/{sid}").status_code == 200
+            filler.unlink()
+            r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "open('a.txt','w').write('ok'); print(1)"}).json()
+            assert r["stdout"] == "1\n", (what, r)
+            assert c.get(f"/v1/sessions/{sid}/files/a.txt").content == b"ok"
+        assert d.uds().get("/v1/health").status_code == 200
 
 
 def test_a_package_layer_left_unmounted_is_mounted_again_with_what_was_installed(fresh_daemon):
@@ -247,67 +246,49 @@ def test_a_host_disk_that_fills_is_enospc_to_the_session_writing_and_harms_no_ot
     writes gets ENOSPC (never an I/O error), and a result that says which room ran
     out; the other sessions keep their files and their share; freed, it writes
     again. Its own size full is told apart."""
-    base = scratch_dir("share-")
-    state = base / "d" / "state"
-    state.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m,mode=0711", "sandboxd-test-share", str(state)], check=True)
-    d = Daemon(base / "d", policies={"default": OVERCOMMIT_POLICY},
-               args=["--workspace-overcommit", "4", "--pool-size", "0"])
-    filler = state / "filler"
-    try:
-        d.start()
-        with d.http() as c:
-            a, b = new_session(c), new_session(c)
-            for sid in (a, b):
-                assert write(c, sid, "kept.bin", 20)[:2] == (20, None)
-            # The host left with about 150 MiB free: the margin (64 MiB), what the
-            # two images' journals and inode tables may still take, and ~25 MiB
-            # each to share.
-            fs = os.statvfs(state)
-            fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 150 * 1024 * 1024)
-            finally:
-                os.close(fd)
-            # The daemon shares the disk every second: health shows the share.
-            wait_for("the disk shared", lambda: storage(d).get("disk_share_bytes", 1 << 40) < 60 << 20)
-            # Preallocating is no way past it (fallocate is EOPNOTSUPP in the
-            # sandbox: glibc's posix_fallocate writes the blocks, each counted).
-            r = c.post(f"/v1/sessions/{a}/runs", json={"code": (
-                "import os\nfd = os.open('pre.bin', os.O_CREAT | os.O_WRONLY)\n"
-                "try:\n    os.posix_fallocate(fd, 0, 150 << 20)\nexcept OSError as e:\n    print(e.errno)\n"
-                "os.remove('pre.bin')")}).json()
-            assert r["stdout"] == "28\n", r
-            written, err, r = write(c, a, "big.bin", 300)
-            assert err == 28 and written < 100, (written, err, r["stderr"])
-            assert r["usage"]["disk_full"] == "host", r["usage"]
-            assert "the host's disk is nearly full" in r["stderr"], r["stderr"]
-            assert os.statvfs(state).f_bavail > 0, "the host disk itself never filled"
-            # The other session keeps its files, and room of its own to write.
-            r = c.post(f"/v1/sessions/{b}/runs",
+    with on_small_disk("share", 700, 4) as (d, state), d.http() as c:
+        a, b = new_session(c), new_session(c)
+        for sid in (a, b):
+            assert write(c, sid, "kept.bin", 20)[:2] == (20, None)
+        # The host left with about 150 MiB free: the margin (64 MiB), what the
+        # two images' journals, inode tables and reserves may still take (~23 MiB
+        # each), and about 20 MiB each to share.
+        filler = fill(state, 150 * 1024 * 1024)
+        # The daemon shares the disk every second: health shows the share.
+        wait_for("the disk shared", lambda: storage(d).get("disk_share_bytes", 1 << 40) < 60 << 20)
+        # Preallocating is no way past it (fallocate is EOPNOTSUPP in the
+        # sandbox: glibc's posix_fallocate writes the blocks, each counted).
+        r = c.post(f"/v1/sessions/{a}/runs", json={"code": (
+            "import os\nfd = os.open('pre.bin', os.O_CREAT | os.O_WRONLY)\n"
+            "try:\n    os.posix_fallocate(fd, 0, 150 << 20)\nexcept OSError as e:\n    print(e.errno)\n"
+            "os.remove('pre.bin')")}).json()
+        assert r["stdout"] == "28\n", r
+        written, err, r = write(c, a, "big.bin", 300)
+        assert err == 28 and written < 100, (written, err, r["stderr"])
+        assert r["usage"]["disk_full"] == "host", r["usage"]
+        assert "the host's disk is nearly full" in r["stderr"], r["stderr"]
+        assert os.statvfs(state).f_bavail > 0, "the host disk itself never filled"
+        # The other session keeps its files, and room of its own to write.
+        r = c.post(f"/v1/sessions/{b}/runs",
+                   json={"code": "print(open('kept.bin','rb').read() == b'x' * (20 << 20))"}).json()
+        assert r["stdout"] == "True\n", r
+        assert write(c, b, "small.bin", 2)[:2] == (2, None)
+        # Freed, the session writes again; its own size full says so instead.
+        filler.unlink()
+        c.post(f"/v1/sessions/{a}/runs", json={"code": "import os; os.remove('big.bin')"})
+        wait_for("the share lifted", lambda: "disk_share_bytes" not in storage(d))
+        written, err, r = write(c, a, "big.bin", 30)
+        assert (written, err) == (30, None), r["stderr"]
+        assert "disk_full" not in r["usage"], r["usage"]
+        written, err, r = write(c, a, "bigger.bin", 300)
+        assert err == 28 and 100 < written < 200, (written, err)
+        assert r["usage"]["disk_full"] == "workspace", r["usage"]
+        assert "the session's workspace is full (its 200 MiB" in r["stderr"], r["stderr"]
+        # Nothing was lost in either session.
+        for sid in (a, b):
+            r = c.post(f"/v1/sessions/{sid}/runs",
                        json={"code": "print(open('kept.bin','rb').read() == b'x' * (20 << 20))"}).json()
             assert r["stdout"] == "True\n", r
-            assert write(c, b, "small.bin", 2)[:2] == (2, None)
-            # Freed, the session writes again; its own size full says so instead.
-            filler.unlink()
-            c.post(f"/v1/sessions/{a}/runs", json={"code": "import os; os.remove('big.bin')"})
-            wait_for("the share lifted", lambda: "disk_share_bytes" not in storage(d))
-            written, err, r = write(c, a, "big.bin", 30)
-            assert (written, err) == (30, None), r["stderr"]
-            assert "disk_full" not in r["usage"], r["usage"]
-            written, err, r = write(c, a, "bigger.bin", 300)
-            assert err == 28 and 100 < written < 200, (written, err)
-            assert r["usage"]["disk_full"] == "workspace", r["usage"]
-            assert "the session's workspace is full (its 200 MiB" in r["stderr"], r["stderr"]
-            # Nothing was lost in either session.
-            for sid in (a, b):
-                r = c.post(f"/v1/sessions/{sid}/runs",
-                           json={"code": "print(open('kept.bin','rb').read() == b'x' * (20 << 20))"}).json()
-                assert r["stdout"] == "True\n", r
-    finally:
-        d.stop()
-        subprocess.run(["umount", "-l", str(state)], check=False)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_workspaces_mounted_at_once_on_a_nearly_full_host_lose_nothing():
@@ -316,22 +297,10 @@ def test_workspaces_mounted_at_once_on_a_nearly_full_host_lose_nothing():
     so each write either lands or is ENOSPC, none is an I/O error, and what each
     was told it wrote is there."""
     import threading
-    base = scratch_dir("burst-")
-    state = base / "d" / "state"
-    state.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m,mode=0711", "sandboxd-test-burst", str(state)], check=True)
-    d = Daemon(base / "d", policies={"default": OVERCOMMIT_POLICY},
-               args=["--workspace-overcommit", "4", "--pool-size", "0"])
-    try:
-        d.start()
+    with on_small_disk("burst", 700, 4) as (d, state):
         with d.http() as c:
             sids = [new_session(c) for _ in range(4)]
-        fs = os.statvfs(state)
-        fd = os.open(state / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 400 * 1024 * 1024)
-        finally:
-            os.close(fd)
+        fill(state, 400 * 1024 * 1024)
         results = {}
 
         def one(sid):
@@ -353,10 +322,6 @@ def test_workspaces_mounted_at_once_on_a_nearly_full_host_lose_nothing():
                     "import os\nprint(os.path.getsize('big.bin') >> 20)\nos.remove('big.bin')\n"
                     "open('after.txt', 'w').write('ok')\nprint(open('after.txt').read())")}).json()
                 assert r["stdout"].split() == [str(written), "ok"], (sid, written, r)
-    finally:
-        d.stop()
-        subprocess.run(["umount", "-l", str(state)], check=False)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 DENSITY = 10_000

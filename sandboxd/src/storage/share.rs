@@ -134,6 +134,8 @@ struct Held {
     /// Its device's name in `/sys/fs/ext4` (a loop device's: never another).
     name: String,
     fs: Fs,
+    /// Its blocks free to its writers now (past its reserve).
+    available: u64,
 }
 
 /// The image `image`'s filesystem mounted at `root`, read while held open.
@@ -150,17 +152,17 @@ fn hold(root: &Path, image: &Path) -> io::Result<(std::fs::File, Held)> {
     if !name.starts_with("loop") {
         return Err(io::Error::other(format!("{} is on {name:?}, not a loop device", root.display())));
     }
-    let fs = nix::sys::statvfs::fstatvfs(&dir).map_err(io::Error::from)?;
+    let stat = nix::sys::statvfs::fstatvfs(&dir).map_err(io::Error::from)?;
     let image = std::fs::metadata(image)?;
-    let block = fs.fragment_size().max(1);
+    let block = stat.fragment_size().max(1);
     let fs = Fs {
         block,
         blocks: image.len() / block,
-        free_blocks: fs.blocks_free(),
+        free_blocks: stat.blocks_free(),
         unallocated: image.len().saturating_sub(image.blocks().saturating_mul(512)),
-        inodes: fs.files(),
+        inodes: stat.files(),
     };
-    Ok((dir, Held { name, fs }))
+    Ok((dir, Held { name, fs, available: stat.blocks_available() }))
 }
 
 impl Held {
@@ -204,9 +206,8 @@ pub struct Room {
 
 /// How full the filesystem at `root` (image `image`) is.
 pub fn room_at(root: &Path, image: &Path) -> io::Result<Room> {
-    let (dir, held) = hold(root, image)?;
-    let fs = held.fs;
-    let free = nix::sys::statvfs::fstatvfs(&dir).map_err(io::Error::from)?.blocks_available().saturating_mul(fs.block);
+    let (_root, Held { fs, available, .. }) = hold(root, image)?;
+    let free = available.saturating_mul(fs.block);
     Ok(Room {
         free,
         size: fs.blocks.saturating_mul(fs.block),
