@@ -58,11 +58,11 @@ impl Manager {
             if !*mounted || !this.storage.is_open(&dir) {
                 this.storage.open(&dir, size, uid).await.map_err(Error::Workspace)?;
                 *mounted = true;
+                // Counted in the host disk's sharing, and held to its share,
+                // before anything writes into it (this task holds its mount lock:
+                // it counts as mounted). One mounted already was counted then.
+                this.share_disk().await;
             }
-            // Counted in the host disk's sharing, and held to its share, before
-            // anything writes into it (this task holds its mount lock: it counts
-            // as mounted).
-            this.share_disk().await;
             if !this.storage.is_open(&dir) {
                 *mounted = false;
                 let e = std::io::Error::other(format!("{} is not mounted", dir.join(crate::storage::DATA).display()));
