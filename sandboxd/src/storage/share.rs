@@ -47,6 +47,9 @@ pub struct Fs {
     /// Its inodes (their tables, holes in a fresh image, are written as they are
     /// used).
     pub inodes: u64,
+    /// Blocks written to it that ext4 has not allocated yet (delayed
+    /// allocation: in the page cache, bound for holes of its image).
+    pub pending: u64,
 }
 
 /// The journal mkfs.ext4 gives a filesystem of `blocks` blocks, in blocks
@@ -89,6 +92,10 @@ impl Fs {
     pub fn beyond_free(&self) -> u64 {
         let own = (journal_blocks(self.blocks) + self.floor()).saturating_mul(self.block)
             + self.inodes.saturating_mul(INODE_BYTES);
+        // What was written and not yet allocated counts too, added: blocks
+        // written and deleted would otherwise hide it (they make ext4's free
+        // larger than the image's holes, while the new writes go to holes).
+        let own = own.saturating_add(self.pending.saturating_mul(self.block));
         let not_free = self.unallocated.saturating_sub(self.free_blocks.saturating_mul(self.block));
         not_free.max(own.min(self.unallocated))
     }
@@ -161,6 +168,10 @@ fn hold(root: &Path, image: &Path) -> io::Result<(std::fs::File, Held)> {
         free_blocks: stat.blocks_free(),
         unallocated: image.len().saturating_sub(image.blocks().saturating_mul(512)),
         inodes: stat.files(),
+        pending: std::fs::read_to_string(format!("/sys/fs/ext4/{name}/delayed_allocation_blocks"))
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0),
     };
     Ok((dir, Held { name, fs, available: stat.blocks_available() }))
 }
@@ -224,7 +235,14 @@ mod tests {
     fn fs(free_mib: u64) -> Fs {
         // A 1 GiB image of 4 KiB blocks, with 40 MiB of journal and inode
         // tables not yet on the host.
-        Fs { block: 4096, blocks: 262_144, free_blocks: free_mib * 256, unallocated: (free_mib + 40) * MIB, inodes: 0 }
+        Fs {
+            block: 4096,
+            blocks: 262_144,
+            free_blocks: free_mib * 256,
+            unallocated: (free_mib + 40) * MIB,
+            inodes: 0,
+            pending: 0,
+        }
     }
 
     #[test]
@@ -255,8 +273,11 @@ mod tests {
     fn blocks_written_and_deleted_hide_no_holes_ext4_will_write() {
         // 300 MiB written and deleted: free in ext4, but on the host already; the
         // image's holes are now fewer than what ext4 counts free.
-        let f = Fs { block: 4096, blocks: 262_144, free_blocks: 900 * 256, unallocated: 620 * MIB, inodes: 0 };
+        let f =
+            Fs { block: 4096, blocks: 262_144, free_blocks: 900 * 256, unallocated: 620 * MIB, inodes: 0, pending: 0 };
         assert_eq!(f.beyond_free(), 48 * MIB, "its journal and reserve still count");
+        // And what was written since but is not allocated yet (bound for holes).
+        assert_eq!(Fs { pending: 200 * 256, ..f }.beyond_free(), 248 * MIB);
         // An image with almost no holes left: at most those.
         let full = Fs { unallocated: 5 * MIB, ..f };
         assert_eq!(full.beyond_free(), 5 * MIB);
@@ -274,7 +295,7 @@ mod tests {
         assert_eq!(f.reserved_for(u64::MAX), 4096);
         // Nothing: all it has free (the kernel refuses one as large as the disk).
         assert_eq!(f.reserved_for(0), 500 * 256);
-        let tiny = Fs { block: 4096, blocks: 10, free_blocks: 10, unallocated: 0, inodes: 0 };
+        let tiny = Fs { block: 4096, blocks: 10, free_blocks: 10, unallocated: 0, inodes: 0, pending: 0 };
         assert_eq!(tiny.reserved_for(0), 9);
     }
 
