@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The black-box suite's Python clients (tests/requirements.txt: pytest, httpx, the
-# official MCP SDK), pinned, in a virtual environment of their own, so that
+# official MCP SDK, the LLM APIs' packages whose types the tools are checked
+# against) and this checkout's own Python SDK (clients/python), pinned, in a
+# virtual environment of their own, so that
 # `make test` needs nothing installed by hand and never touches the host's Python
 # packages (Debian's python3 is "externally managed", PEP 668). Called by the
-# Makefile; does nothing when the venv already holds these exact pins.
+# Makefile; does nothing when the venv already holds these exact pins and this
+# SDK (a changed SDK alone is reinstalled, not the venv).
 #
 #   tests/clients.sh VENV_DIR
 set -euo pipefail
@@ -12,7 +15,19 @@ venv=${1:?usage: tests/clients.sh VENV_DIR}
 say() { printf '[test-clients] %s\n' "$*" >&2; }
 
 want=$(sha256sum tests/requirements.txt | cut -d' ' -f1)
+sdk=$(find clients/python -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' -not -path '*/build/*' \
+  -not -path '*/.mypy_cache/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+install_sdk() {
+  say "installing the Python SDK (clients/python) into $venv"
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall ./clients/python; then
+    say "pip could not build clients/python (it fetches setuptools from PyPI: behind a proxy? set PIP_INDEX_URL or HTTPS_PROXY)"
+    exit 1
+  fi
+  rm -rf clients/python/build clients/python/*.egg-info
+  echo "$sdk" >"$venv/.sdk"
+}
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.requirements" 2>/dev/null)" = "$want" ]; then
+  [ "$(cat "$venv/.sdk" 2>/dev/null)" = "$sdk" ] || install_sdk
   exit 0
 fi
 command -v python3 >/dev/null || { say "python3 is missing: packaging/host-tools.sh --test installs it"; exit 1; }
@@ -30,4 +45,5 @@ if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r te
   exit 1
 fi
 echo "$want" >"$venv/.requirements"
+install_sdk
 say "ready: $("$venv/bin/python" -m pytest --version 2>&1 | head -1)"

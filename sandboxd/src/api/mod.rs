@@ -4,7 +4,7 @@
 //! timeout, [`surface::guard`] refuses foreign hosts and origins and
 //! non-JSON bodies and times the body, [`auth`] decides who the caller is
 //! ([`tokens`]) and claims the connection for it, a handler in [`runs`],
-//! [`sessions`] or [`files`] reads the input and calls [`crate::service`], which
+//! [`sessions`], [`files`] or [`tools`] reads the input and calls [`crate::service`], which
 //! runs the code through [`crate::run`] and [`crate::isolate`]. The MCP tools
 //! ([`crate::tools`], served by [`mcp`] at `/mcp`) call the same service. Every error is an
 //! [`error::ApiError`]; the service's errors are mapped to them in `error.rs`.
@@ -24,6 +24,7 @@ mod tests;
 #[cfg(test)]
 mod tests_holds;
 pub mod tokens;
+pub mod tools;
 
 use crate::model::check::Report;
 use crate::model::error::Code;
@@ -107,6 +108,8 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/sessions/{id}/secrets", get(secrets::list))
         .route("/v1/sessions/{id}/secrets/{name}", axum::routing::put(secrets::set).delete(secrets::remove))
         .route("/v1/policies", get(sessions::policies))
+        .route("/v1/tools", get(tools::list))
+        .route("/v1/tools/{name}", post(tools::call))
         .route("/metrics", get(metrics))
         .route("/v1/check", get(check_host))
         .route("/v1/sessions/{id}/files", get(files::list))

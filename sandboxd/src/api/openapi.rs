@@ -41,6 +41,8 @@ use utoipa::OpenApi;
         super::files::upload,
         super::files::remove,
         super::check_host,
+        super::tools::list,
+        super::tools::call,
     ),
     components(schemas(
         crate::model::health::Problem,
@@ -48,7 +50,8 @@ use utoipa::OpenApi;
         crate::model::error::ErrorBody,
         crate::model::run::Language,
         crate::model::run::KernelFields,
-        crate::model::session::Mode
+        crate::model::session::Mode,
+        crate::model::tools::ToolFormat
     ))
 )]
 pub struct ApiDoc;
@@ -103,6 +106,8 @@ pub const ERRORS: &[(&str, &[u16])] = &[
     ("set_secret", &[400, 401, 404, 408, 415]),
     ("list_secrets", &[400, 401, 404]),
     ("delete_secret", &[400, 401, 404]),
+    ("list_tools", &[400, 401]),
+    ("call_tool", &[400, 401, 404, 408, 415]),
 ];
 
 /// The limits of the daemon's policies that the document states.

@@ -19,3 +19,4 @@ pub mod records;
 pub mod run;
 pub mod secrets;
 pub mod session;
+pub mod tools;

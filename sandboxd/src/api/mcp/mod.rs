@@ -66,7 +66,7 @@ impl SandboxMcp {
 }
 
 /// A registry tool as MCP lists it.
-fn tool(spec: &Spec) -> Tool {
+pub(crate) fn tool(spec: &Spec) -> Tool {
     let Hints { read_only, destructive, idempotent, open_world } = spec.hints;
     let annotations = ToolAnnotations::from_raw(
         Some(spec.title.to_string()),
@@ -79,7 +79,7 @@ fn tool(spec: &Spec) -> Tool {
 }
 
 /// A registry result as MCP content (images in base64).
-fn result(out: ToolOutput) -> CallToolResult {
+pub(crate) fn result(out: ToolOutput) -> CallToolResult {
     let content = out
         .parts
         .into_iter()
