@@ -26,6 +26,28 @@ install_sdk() {
   rm -rf clients/python/build clients/python/*.egg-info
   echo "$sdk" >"$venv/.sdk"
 }
+# The TypeScript SDK's build and test tools (its package-lock.json, pinned): tsc,
+# Node's types, and the Vercel AI SDK its optional entry point is tested through.
+ts_deps() {
+  local lock; lock=$(sha256sum clients/typescript/package-lock.json | cut -d' ' -f1)
+  [ "$(cat clients/typescript/node_modules/.lock 2>/dev/null)" = "$lock" ] && return 0
+  if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+      say "installing Node.js and npm (apt-get install nodejs npm): the TypeScript SDK's tests need them"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    else
+      say "Node.js (>= 20) and npm are missing: install them (apt-get/dnf/pacman install nodejs npm)"
+      exit 1
+    fi
+  fi
+  say "installing the TypeScript SDK's dev dependencies (clients/typescript/package-lock.json)"
+  if ! (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error); then
+    say "npm could not install clients/typescript's dependencies from the npm registry (behind a proxy? set npm_config_proxy)"
+    exit 1
+  fi
+  echo "$lock" >clients/typescript/node_modules/.lock
+}
+ts_deps
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.requirements" 2>/dev/null)" = "$want" ]; then
   [ "$(cat "$venv/.sdk" 2>/dev/null)" = "$sdk" ] || install_sdk
   exit 0
