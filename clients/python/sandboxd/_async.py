@@ -76,10 +76,12 @@ class AsyncClient:
         return stream.finish()
 
     async def health(self) -> dict[str, Any]:
+        """The daemon's health report."""
         out: dict[str, Any] = await self._send(Request("GET", "/v1/health"))
         return out
 
     async def policies(self) -> list[dict[str, Any]]:
+        """The daemon's policies and their limits."""
         out: list[dict[str, Any]] = await self._send(Request("GET", "/v1/policies"))
         return out
 
@@ -96,10 +98,12 @@ class AsyncClient:
         return AsyncSession(self, SessionInfo.from_json(await self._send(Request("POST", "/v1/sessions", json=body))))
 
     async def get_session(self, id: str) -> "AsyncSession":
+        """An existing session, by id."""
         info = await self._send(Request("GET", f"/v1/sessions/{core.seg(id)}", session=id))
         return AsyncSession(self, SessionInfo.from_json(info))
 
     async def sessions(self) -> list[SessionInfo]:
+        """The open sessions (this token's)."""
         return [SessionInfo.from_json(s) for s in await self._send(Request("GET", "/v1/sessions"))]
 
     async def run(
@@ -119,7 +123,7 @@ class AsyncClient:
             result = await s.run(
                 code, language=language, timeout_s=timeout_s, packages=packages, on_stdout=on_stdout, on_stderr=on_stderr
             )
-            kept = {a.path: await s.files.download(a.path) for a in result.figures}
+            kept = {a.path: await s.files.download(a.path) for a in core.figures_to_keep(result.figures)}
         read = core.one_shot_reader(kept)
 
         async def aread(path: str) -> bytes:
@@ -163,6 +167,8 @@ class AsyncSession:
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
     ) -> RunResult:
+        """Run ``code`` in this session and return how it ended (see
+        :meth:`sandboxd.Session.run`); callbacks may be coroutine functions."""
         body = core.run_body(
             code, language=language, timeout_s=timeout_s, packages=packages, autosave_figures=autosave_figures
         )
@@ -182,10 +188,12 @@ class AsyncSession:
         return AsyncRun(self, asyncio.ensure_future(self.run(code, **options)))
 
     async def cancel(self) -> bool:
+        """Stop the run going on in this session; False when nothing was running."""
         out = await self.client._send(Request("DELETE", self._path("/run"), session=self.id))
         return bool(out.get("status") == "cancelled")
 
     async def install(self, packages: Sequence[str]) -> InstallResult:
+        """Install packages into the session's package layer."""
         req = Request("POST", self._path("/packages"), json={"packages": list(packages)}, session=self.id)
         return InstallResult.from_json(await self.client._send(req))
 
@@ -203,14 +211,17 @@ class AsyncSession:
                 return
 
     async def get_run(self, run_id: str) -> RunRecord:
+        """One run the session keeps, with its code and result."""
         req = Request("GET", self._path(f"/runs/{core.seg(run_id)}"), session=self.id)
         return RunRecord.from_json(await self.client._send(req))
 
     async def refresh(self) -> SessionInfo:
+        """The session as the daemon has it now."""
         self.info = SessionInfo.from_json(await self.client._send(Request("GET", self._path(), session=self.id)))
         return self.info
 
     async def close(self) -> None:
+        """Close the session: stop its code, delete its files (twice: nothing)."""
         try:
             await self.client._send(Request("DELETE", self._path(), session=self.id))
         except SandboxdError as e:
@@ -229,11 +240,21 @@ class AsyncRun:
         return self._task.done()
 
     async def result(self) -> RunResult:
+        """The run's result, once it has ended."""
         return await asyncio.shield(self._task)
 
     async def cancel(self) -> bool:
-        """Stop the run (its result says ``killed``); False if it had ended."""
-        return False if self.done() else await self.session.cancel()
+        """Stop the run (its result says ``killed``); False if it had ended. A
+        run whose request has not reached the daemon yet is stopped as soon as
+        it has."""
+        deadline = asyncio.get_running_loop().time() + core.CANCEL_PATIENCE_S
+        while not self.done():
+            if await self.session.cancel():
+                return True
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.wait([self._task], timeout=core.CANCEL_RETRY_S)
+        return False
 
 
 class AsyncFiles:
@@ -243,11 +264,15 @@ class AsyncFiles:
         self._s = session
 
     async def list(self) -> list[FileEntry]:
+        """Every file of the workspace, recursively, sorted by path."""
         out = await self._s.client._send(Request("GET", self._s._path("/files"), session=self._s.id))
         return [FileEntry.from_json(f) for f in out]
 
     async def upload(self, path: str, data: FileData, *, overwrite: bool = False) -> FileEntry:
+        """Write ``data`` to ``path``: bytes, a ``str`` (the file's text), a
+        ``pathlib.Path`` (a local file, streamed) or a binary file object."""
         req = core.upload(self._s.id, path, overwrite)
+        core.check_binary(data)
         if isinstance(data, str):
             return FileEntry.from_json(await self._s.client._send(req, content=data.encode()))
         if isinstance(data, (bytes, bytearray, memoryview)):
@@ -257,7 +282,12 @@ class AsyncFiles:
                 return FileEntry.from_json(await self._s.client._send(req, content=_achunks(f)))
         return FileEntry.from_json(await self._s.client._send(req, content=_achunks(data)))
 
+    async def upload_file(self, path: str, local: "Union[str, os.PathLike[str]]", *, overwrite: bool = False) -> FileEntry:
+        """Upload the local file ``local`` to ``path``, streamed."""
+        return await self.upload(path, Path(local), overwrite=overwrite)
+
     async def download(self, path: str) -> bytes:
+        """A file's bytes."""
         c = self._s.client
         try:
             r = await c._http.get(core.file_path(self._s.id, path), headers={core.SESSION_HEADER: self._s.id})
@@ -268,16 +298,18 @@ class AsyncFiles:
         return r.content
 
     async def download_to(self, path: str, dest: "Union[str, os.PathLike[str]]") -> int:
+        """Stream a file to the local file ``dest`` (into it when it is a directory); its size."""
         c = self._s.client
         n = 0
-        tmp = Path(f"{os.fspath(dest)}.part")
+        dest = core.destination(path, dest)
+        tmp = core.part_file(dest)
         try:
             url = core.file_path(self._s.id, path)
             async with c._http.stream("GET", url, headers={core.SESSION_HEADER: self._s.id}) as r:
                 if r.status_code >= 400:
                     await r.aread()
                     core.answer(r)
-                with open(tmp, "wb") as f:
+                with open(tmp, "r+b") as f:
                     async for chunk in r.aiter_bytes(CHUNK):
                         n += f.write(chunk)
             tmp.replace(dest)
@@ -288,6 +320,7 @@ class AsyncFiles:
         return n
 
     async def delete(self, path: str) -> None:
+        """Delete a file of the workspace."""
         await self._s.client._send(Request("DELETE", core.file_path(self._s.id, path), session=self._s.id))
 
 
@@ -325,6 +358,7 @@ class AsyncTools:
         self._c = client
 
     async def definitions(self, format: str = "openai") -> list[dict[str, Any]]:
+        """The tools as ``format``'s API takes them."""
         out = await self._c._send(Request("GET", "/v1/tools", params={"format": core.check_format(format)}))
         tools: list[dict[str, Any]] = out["tools"]
         return tools
@@ -339,5 +373,6 @@ class AsyncTools:
         return await self.definitions("anthropic")
 
     async def call(self, name: str, arguments: Any = None, *, format: str = "openai") -> dict[str, Any]:
+        """Run one tool call with the model's arguments (see :meth:`sandboxd.Tools.call`)."""
         out: dict[str, Any] = await self._c._send(core.tool_call(name, format), content=core.tool_arguments(arguments))
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 from urllib.parse import quote
 
@@ -42,6 +43,10 @@ class Endpoint:
             if url is None:
                 socket = os.environ.get("SANDBOXD_SOCKET") or DEFAULT_SOCKET
         if url is not None:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"url {url!r}: give an http:// or https:// address; for a Unix socket pass socket={url!r}"
+                )
             return cls(url.rstrip("/"), None, token)
         return cls("http://sandboxd", socket, token)
 
@@ -59,6 +64,11 @@ def timeout_of(timeout: Optional[float]) -> httpx.Timeout:
 
 
 def unreachable(endpoint: Endpoint, e: Exception) -> TransportError:
+    if isinstance(e, httpx.TimeoutException) and not isinstance(e, httpx.ConnectTimeout):
+        return TransportError(
+            f"sandboxd at {endpoint.describe()} did not answer in time ({type(e).__name__}): a run answers when it "
+            "ends, so make the client's timeout (Client(timeout=...), seconds) longer than the run's timeout_s"
+        )
     hint = (
         "is sandboxd running, and may this user open its socket? (set SANDBOXD_SOCKET or SANDBOXD_URL)"
         if endpoint.socket
@@ -109,6 +119,55 @@ def upload(session: str, path: str, overwrite: bool) -> Request:
     return Request("PUT", file_path(session, path), params=params, session=session)
 
 
+#: How long a background run's cancel keeps asking while its request has not
+#: reached the daemon yet (the daemon answers `idle` until it has).
+CANCEL_PATIENCE_S = 30.0
+CANCEL_RETRY_S = 0.02
+
+
+def check_binary(data: Any) -> None:
+    """A file object must be open in binary mode: its bytes are sent as they are."""
+    read = getattr(data, "read", None)
+    if read is not None and not isinstance(data, (bytes, bytearray, memoryview, str)) and isinstance(read(0), str):
+        raise TypeError("the file is open in text mode: open it with 'rb', or pass its text as a str")
+
+
+def destination(path: str, dest: "os.PathLike[str] | str") -> "os.PathLike[str] | str":
+    """Where a download goes: `dest`, or into it under the file's own name when it is a directory."""
+    if os.path.isdir(dest):
+        return os.path.join(dest, os.path.basename(path.rstrip("/")) or "download")
+    return dest
+
+
+#: The most a one-shot run keeps of its figures (each, and all together): the
+#: sandbox names its files, and a "figure" may be anything it wrote.
+MAX_KEPT_FIGURE = 32 << 20
+MAX_KEPT_FIGURES = 128 << 20
+
+
+def figures_to_keep(figures: "Sequence[Any]") -> list[Any]:
+    """The figures a one-shot run downloads before its session closes: those
+    within the caps, in order."""
+    kept, total = [], 0
+    for a in figures:
+        if a.size_bytes <= MAX_KEPT_FIGURE and total + a.size_bytes <= MAX_KEPT_FIGURES:
+            kept.append(a)
+            total += a.size_bytes
+    return kept
+
+
+def part_file(dest: "os.PathLike[str] | str") -> Path:
+    """A new file beside `dest` to download into (made with O_EXCL: nothing
+    already there, a planted link included, is written through), renamed over
+    `dest` when whole."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=f".{os.path.basename(os.fspath(dest))}.", suffix=".part",
+                                dir=os.path.dirname(os.path.abspath(dest)))
+    os.close(fd)
+    return Path(name)
+
+
 def one_shot_reader(kept: dict[str, bytes]) -> Callable[[str], bytes]:
     """A one-shot run's artifacts' reader: the figures kept before its session closed."""
 
@@ -117,7 +176,8 @@ def one_shot_reader(kept: dict[str, bytes]) -> Callable[[str], bytes]:
             return kept[path]
         raise SandboxdError(
             "session_not_found",
-            f"{path}: the session of a one-shot run is closed; run in client.session() to keep its files",
+            f"{path}: the session of a one-shot run is closed (it kept its figures up to {MAX_KEPT_FIGURE >> 20} MiB "
+            "each); run in client.session() to keep its files",
             404,
         )
 
@@ -125,8 +185,9 @@ def one_shot_reader(kept: dict[str, bytes]) -> Callable[[str], bytes]:
 
 
 def seg(s: str) -> str:
-    """A session id, run id or tool name as one path segment."""
-    return quote(s, safe="")
+    """A session id, run id or tool name as one path segment (`.` and `..`
+    encoded, so that no URL library folds them into another route)."""
+    return {".": "%2E", "..": "%2E%2E"}.get(s, quote(s, safe=""))
 
 
 def file_path(session: str, path: str) -> str:
@@ -137,7 +198,7 @@ def file_path(session: str, path: str) -> str:
         path = path[len("/mnt/data/") :]
     # `.` and `..` are sent as they are written (encoded, so no URL library
     # folds them away): the daemon answers `invalid_path`, not another file.
-    parts = [{".": "%2E", "..": "%2E%2E"}.get(p, quote(p, safe="")) for p in path.split("/")]
+    parts = [seg(p) for p in path.split("/")]
     return f"/v1/sessions/{seg(session)}/files/{'/'.join(parts)}"
 
 
@@ -204,12 +265,17 @@ def answer(response: httpx.Response) -> Any:
     return body
 
 
+#: The longest server-sent event a run's stream may carry (its result, with
+#: output capped by the policy, is far smaller).
+MAX_EVENT = 64 << 20
+
+
 class Stream:
     """Reads a run's server-sent events: output to the callbacks as it comes,
     then the result (or the error) at the end."""
 
     def __init__(self, on_stdout: Optional[OutputCallback], on_stderr: Optional[OutputCallback]) -> None:
-        self._parser = EventParser()
+        self._parser = EventParser(MAX_EVENT)
         self._on = {"stdout": on_stdout, "stderr": on_stderr}
         self.result: Optional[dict[str, Any]] = None
 
@@ -220,7 +286,12 @@ class Stream:
 
         returned: list[Any] = []
         for ev in self._parser.feed(chunk):
-            data = json.loads(ev.data) if ev.data else {}
+            try:
+                data = json.loads(ev.data) if ev.data else {}
+            except ValueError as e:
+                raise SandboxdError("internal", f"the run's event stream sent a {ev.event!r} event that is not JSON ({e})", 0) from e
+            if not isinstance(data, dict):
+                raise SandboxdError("internal", f"the run's event stream sent a {ev.event!r} event that is not an object", 0)
             if ev.event in self._on:
                 cb = self._on[ev.event]
                 if cb is not None:

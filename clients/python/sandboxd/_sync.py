@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional, Sequence, Union
 
@@ -27,9 +28,10 @@ class Client:
     as a bearer token. ``timeout`` is how long to wait for an answer (a run
     answers when it ends; default 600 s).
 
-    >>> with Client() as client:
-    ...     print(client.run("print(6 * 7)").stdout)
-    42
+    Example::
+
+        with Client() as client:
+            print(client.run("print(6 * 7)").stdout)   # 42
     """
 
     def __init__(
@@ -142,7 +144,7 @@ class Client:
             result = s.run(
                 code, language=language, timeout_s=timeout_s, packages=packages, on_stdout=on_stdout, on_stderr=on_stderr
             )
-            read = core.one_shot_reader({a.path: s.files.download(a.path) for a in result.figures})
+            read = core.one_shot_reader({a.path: s.files.download(a.path) for a in core.figures_to_keep(result.figures)})
         for a in result.artifacts:
             a._read = read
         return result
@@ -287,8 +289,17 @@ class Run:
         return self._result
 
     def cancel(self) -> bool:
-        """Stop the run (its result says ``killed``); False if it had ended."""
-        return False if self.done() else self.session.cancel()
+        """Stop the run (its result says ``killed``); False if it had ended. A
+        run whose request has not reached the daemon yet is stopped as soon as
+        it has."""
+        deadline = time.monotonic() + core.CANCEL_PATIENCE_S
+        while not self.done():
+            if self.session.cancel():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            self._thread.join(core.CANCEL_RETRY_S)
+        return False
 
 
 class Files:
@@ -303,10 +314,13 @@ class Files:
         return [FileEntry.from_json(f) for f in out]
 
     def upload(self, path: str, data: FileData, *, overwrite: bool = False) -> FileEntry:
-        """Write ``data`` (bytes, text, a local file's path, or an open binary
-        file, streamed) to ``path`` in the workspace; an existing file is
-        replaced only with ``overwrite=True`` (else :class:`ConflictError`)."""
+        """Write ``data`` to ``path`` in the workspace: bytes, a ``str`` (the
+        file's text, UTF-8: not a file name), a local file as a
+        ``pathlib.Path`` (streamed; or use :meth:`upload_file`), or a file open
+        in binary mode (streamed). An existing file is replaced only with
+        ``overwrite=True`` (else :class:`ConflictError`)."""
         req = core.upload(self._s.id, path, overwrite)
+        core.check_binary(data)
         if isinstance(data, str):
             return FileEntry.from_json(self._s.client._send(req, content=data.encode()))
         if isinstance(data, (bytes, bytearray, memoryview)):
@@ -315,6 +329,10 @@ class Files:
             with open(data, "rb") as f:
                 return FileEntry.from_json(self._s.client._send(req, content=_chunks(f)))
         return FileEntry.from_json(self._s.client._send(req, content=_chunks(data)))
+
+    def upload_file(self, path: str, local: "Union[str, os.PathLike[str]]", *, overwrite: bool = False) -> FileEntry:
+        """Upload the local file ``local`` to ``path``, streamed."""
+        return self.upload(path, Path(local), overwrite=overwrite)
 
     def download(self, path: str) -> bytes:
         """A file's bytes."""
@@ -328,16 +346,18 @@ class Files:
         return r.content
 
     def download_to(self, path: str, dest: "Union[str, os.PathLike[str]]") -> int:
-        """Stream a file to the local file ``dest``; returns its size."""
+        """Stream a file to the local file ``dest`` (into it, under the file's
+        name, when it is a directory), written whole or not at all; its size."""
         c = self._s.client
         n = 0
-        tmp = Path(f"{os.fspath(dest)}.part")
+        dest = core.destination(path, dest)
+        tmp = core.part_file(dest)
         try:
             with c._http.stream("GET", core.file_path(self._s.id, path), headers={core.SESSION_HEADER: self._s.id}) as r:
                 if r.status_code >= 400:
                     r.read()
                     core.answer(r)
-                with open(tmp, "wb") as f:
+                with open(tmp, "r+b") as f:
                     for chunk in r.iter_bytes(CHUNK):
                         n += f.write(chunk)
             tmp.replace(dest)

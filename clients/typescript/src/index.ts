@@ -7,6 +7,8 @@
 
 import { createReadStream, createWriteStream } from "node:fs";
 import { open, rename, rm } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { basename, dirname, join } from "node:path";
 import { errorFrom, InvalidRequestError, RunFailedError, SandboxdError, TransportError } from "./errors.js";
 import {
   describe,
@@ -62,8 +64,18 @@ export interface SessionOptions {
 }
 
 const FORMATS: ToolFormat[] = ["openai", "openai-responses", "anthropic", "mcp"];
+/** The most a one-shot run keeps of its figures, each and all together. */
+const MAX_KEPT_FIGURE = 32 << 20;
+const MAX_KEPT_FIGURES = 128 << 20;
+/** The longest server-sent event a run's stream may carry. */
+const MAX_EVENT = 64 << 20;
 
+/** A session id, run id or tool name as one path segment. `.` and `..` are
+ * refused: fetch folds them (encoded or not) into another route. */
 function seg(s: string): string {
+  if (s === "." || s === "..") {
+    throw new InvalidRequestError("invalid_request", `${JSON.stringify(s)} is not an id or a name: use the one the daemon gave`, 400);
+  }
   return encodeURIComponent(s);
 }
 
@@ -120,16 +132,31 @@ export class EventParser {
   private data: string[] = [];
   private decoder = new TextDecoder();
 
+  private size = 0;
+  private scanned = 0;
+
+  constructor(private readonly limit = MAX_EVENT) {}
+
+  /** The events `chunk` completes; an event longer than the limit is an error, not memory held. */
   feed(chunk: Uint8Array): { event: string; data: string }[] {
     this.buf += this.decoder.decode(chunk, { stream: true });
     const out: { event: string; data: string }[] = [];
-    for (let cut = this.buf.indexOf("\n"); cut >= 0; cut = this.buf.indexOf("\n")) {
+    for (let cut = this.buf.indexOf("\n", this.scanned); ; cut = this.buf.indexOf("\n")) {
+      if (cut < 0) {
+        this.scanned = this.buf.length;
+        if (this.size + this.buf.length > this.limit) throw new SandboxdError("internal", `an event of the stream is longer than ${this.limit} bytes`, 0);
+        return out;
+      }
+      this.scanned = 0;
       const line = this.buf.slice(0, cut).replace(/\r$/, "");
       this.buf = this.buf.slice(cut + 1);
+      this.size += line.length;
+      if (this.size > this.limit) throw new SandboxdError("internal", `an event of the stream is longer than ${this.limit} bytes`, 0);
       if (line === "") {
         if (this.data.length) out.push({ event: this.event || "message", data: this.data.join("\n") });
         this.event = "";
         this.data = [];
+        this.size = 0;
       } else if (!line.startsWith(":")) {
         const i = line.indexOf(":");
         const name = i < 0 ? line : line.slice(0, i);
@@ -139,7 +166,6 @@ export class EventParser {
         else if (name === "data") this.data.push(value);
       }
     }
-    return out;
   }
 }
 
@@ -230,8 +256,14 @@ export class Client {
   async run(code: string, options: RunOptions & { policy?: string } = {}): Promise<RunResult & { figures: Map<string, Uint8Array> }> {
     return this.withSession({ policy: options.policy }, async (s) => {
       const result = await s.run(code, options);
+      // The sandbox names its files: a "figure" may be anything it wrote. Kept within caps.
       const kept = new Map<string, Uint8Array>();
-      for (const f of figures(result)) kept.set(f.path, await s.files.download(f.path));
+      let total = 0;
+      for (const f of figures(result)) {
+        if (f.size_bytes > MAX_KEPT_FIGURE || total + f.size_bytes > MAX_KEPT_FIGURES) continue;
+        total += f.size_bytes;
+        kept.set(f.path, await s.files.download(f.path));
+      }
       return Object.assign(result, { figures: kept });
     });
   }
@@ -281,10 +313,15 @@ export class Session {
     const parser = new EventParser();
     for await (const chunk of res.body) {
       for (const ev of parser.feed(chunk)) {
-        const data = ev.data ? JSON.parse(ev.data) : {};
+        let data: { text?: unknown } & Record<string, unknown>;
+        try {
+          data = ev.data ? JSON.parse(ev.data) : {};
+        } catch (e) {
+          throw new SandboxdError("internal", `the run's event stream sent a ${JSON.stringify(ev.event)} event that is not JSON (${e})`, 0);
+        }
         if (ev.event === "stdout" && options.onStdout) await options.onStdout(String(data.text ?? ""));
         else if (ev.event === "stderr" && options.onStderr) await options.onStderr(String(data.text ?? ""));
-        else if (ev.event === "result") return data as RunResult;
+        else if (ev.event === "result") return data as unknown as RunResult;
         else if (ev.event === "error") throw errorFrom(0, data);
       }
     }
@@ -372,9 +409,17 @@ export class RunHandle {
     return this.promise;
   }
 
-  /** Stop the run (its result says `killed`); false if it had ended. */
+  /** Stop the run (its result says `killed`); false if it had ended. A run whose
+   * request has not reached the daemon yet (it answers `idle` until then) is
+   * stopped as soon as it has. */
   async cancel(): Promise<boolean> {
-    return this.ended ? false : this.session.cancel();
+    const deadline = Date.now() + 30_000;
+    while (!this.ended) {
+      if (await this.session.cancel()) return true;
+      if (Date.now() > deadline) return false;
+      await Promise.race([this.promise.catch(() => undefined), new Promise((r) => setTimeout(r, 20))]);
+    }
+    return false;
   }
 }
 
@@ -412,10 +457,13 @@ export class Files {
   async downloadTo(path: string, dest: string): Promise<number> {
     const res = await this.s.client.raw({ method: "GET", path: filePath(this.s.id, path), headers: { [SESSION_HEADER]: this.s.id } });
     if (res.status >= 400) throw failure(res.status, await readAll(res.body));
-    const tmp = `${dest}.part`;
+    // A new file beside dest, made exclusively (nothing already there, a planted
+    // link included, is written through), renamed over dest when whole.
+    const tmp = join(dirname(dest), `.${basename(dest)}.${randomBytes(6).toString("hex")}.part`);
     let n = 0;
     try {
-      const out = createWriteStream(tmp);
+      const out = createWriteStream(tmp, { flags: "wx", mode: 0o600 });
+      await new Promise<void>((resolve, reject) => out.once("open", () => resolve()).once("error", reject));
       for await (const chunk of res.body) {
         n += chunk.length;
         if (!out.write(chunk)) await new Promise<void>((r) => out.once("drain", () => r()));
@@ -474,7 +522,8 @@ export class Tools {
   }
 
   /** Run tool `name` with the model's arguments (an object, or the JSON string
-   * the model wrote); bad arguments come back as an answer with `is_error`. */
+   * the model wrote); bad arguments, and a name that is no tool, come back as an
+   * answer with `is_error`. */
   async call(name: string, args: unknown = {}, options: { format?: ToolFormat; signal?: AbortSignal } = {}): Promise<ToolAnswer> {
     const format = options.format ?? "openai";
     if (!FORMATS.includes(format)) throw new TypeError(`format ${JSON.stringify(format)}: use one of ${FORMATS.join(", ")}`);

@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -91,16 +91,20 @@ for (const [name, make] of Object.entries(transports)) {
         assert.deepEqual((await s.files.list()).map((f) => f.path), ["in/big.bin", "in/text.txt", "name with spaces #1%.bin"]);
         assert.deepEqual([...(await s.files.download("name with spaces #1%.bin"))], [...Array(256).keys()]);
         assert.equal(new TextDecoder().decode(await s.files.download("/mnt/data/in/text.txt")), "héllo\n");
+        await writeFile(join(dir, "victim"), "keep");
+        await symlink(join(dir, "victim"), join(dir, "out.bin.part")); // where a naive download would write
         assert.equal(await s.files.downloadTo("in/big.bin", join(dir, "out.bin")), 50 << 20);
         assert.equal(sha(await readFile(join(dir, "out.bin"))), sha(big));
-        assert.ok(!existsSync(join(dir, "out.bin.part")));
+        assert.equal(await readFile(join(dir, "victim"), "utf8"), "keep", "the download wrote through a link");
+        assert.deepEqual((await readdir(dir)).filter((n) => n.endsWith(".part")), ["out.bin.part"]);
         await assert.rejects(s.files.upload("in/text.txt", "again"), (e) => e instanceof ConflictError && e.code === "file_exists");
         await s.files.upload("in/text.txt", "again", { overwrite: true });
         await assert.rejects(s.files.upload("../escape", "x"), (e) => e instanceof InvalidRequestError && e.code === "invalid_path");
         await s.files.delete("in/text.txt");
         await assert.rejects(s.files.download("in/text.txt"), (e) => e instanceof NotFoundError && e.code === "not_found");
         await assert.rejects(s.files.downloadTo("in/text.txt", join(dir, "none.bin")), NotFoundError);
-        assert.ok(!existsSync(join(dir, "none.bin")) && !existsSync(join(dir, "none.bin.part")));
+        assert.ok(!existsSync(join(dir, "none.bin")));
+        assert.deepEqual((await readdir(dir)).filter((n) => n.endsWith(".part")), ["out.bin.part"], "a failed download left a part");
       });
     } finally {
       await rm(dir, { recursive: true, force: true });
@@ -155,6 +159,17 @@ for (const [name, make] of Object.entries(transports)) {
     });
   });
 
+  test(`${name}: a run cancelled as soon as it is started is stopped`, async () => {
+    const client = make();
+    await client.withSession({}, async (s) => {
+      for (let i = 0; i < 3; i++) {
+        const run = s.start("import time; time.sleep(60)");
+        assert.equal(await run.cancel(), true);
+        assert.equal((await run.result()).status, "killed");
+      }
+    });
+  });
+
   test(`${name}: API errors are exceptions with the daemon's code`, async () => {
     const client = make();
     await assert.rejects(client.getSession("no-such-session"), (e) => e instanceof NotFoundError && e.code === "session_not_found" && e.status === 404);
@@ -195,7 +210,9 @@ for (const [name, make] of Object.entries(transports)) {
       assert.equal(broken.is_error, true);
       assert.match(broken.output, /not JSON/);
     });
-    await assert.rejects(client.tools.call("rm_rf", {}), (e) => e instanceof NotFoundError && e.code === "not_found");
+    const madeUp = await client.tools.call("rm_rf", {}, { format: "anthropic" });
+    assert.equal(madeUp.is_error, true);
+    assert.match(madeUp.content[0].text, /^error not_found: there is no tool "rm_rf": call one of run_python/);
   });
 }
 

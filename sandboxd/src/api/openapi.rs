@@ -107,7 +107,7 @@ pub const ERRORS: &[(&str, &[u16])] = &[
     ("list_secrets", &[400, 401, 404]),
     ("delete_secret", &[400, 401, 404]),
     ("list_tools", &[400, 401]),
-    ("call_tool", &[400, 401, 404, 408, 415]),
+    ("call_tool", &[400, 401, 408, 415]),
 ];
 
 /// The limits of the daemon's policies that the document states.

@@ -5,8 +5,9 @@
 //! The listing is what the API takes as its `tools`; a call's answer is what the
 //! API takes back as the tool's result (text, and figures as image parts where
 //! the format carries them). Bad arguments, broken JSON included, are a tool
-//! result with `is_error`, which the model can act on, as in MCP; only a name
-//! that is no tool, or a format that is none, is an HTTP error. A call whose
+//! result with `is_error`, which the model can act on, as in MCP, and so is a
+//! name that is no tool (the model chose it); only a format that is none is an
+//! HTTP error. A call whose
 //! client goes away is cancelled as an MCP call is: its run is stopped, and a
 //! session made for it closed. The renderings are pure functions of the
 //! registry's format-neutral [`Spec`] and [`ToolOutput`].
@@ -37,8 +38,8 @@ pub async fn list(State(state): State<Shared>, Query(q): Query<FormatQuery>) -> 
 
 #[utoipa::path(post, path = "/v1/tools/{name}", operation_id = "call_tool", tag = "tools",
     params(("name" = String, Path, description = "the tool's name, as `GET /v1/tools` lists it"), FormatQuery),
-    request_body(content = Object, description = "the tool's arguments, as the model gave them: a JSON object, or a JSON string holding one (OpenAI's `arguments`); no body is no arguments"),
-    description = "Call a tool with a model's arguments, as the caller, and answer what to hand back to the model in the format's own shape: `openai`: `{\"content\": text, \"is_error\", \"images\": [image_url parts for a user message after the tool message]}`; `openai-responses`: `{\"output\": text or [input_text and input_image items], \"is_error\"}`; `anthropic`: `{\"content\": [text and image blocks], \"is_error\"}` (a `tool_result` block's fields); `mcp`: a `tools/call` result. Arguments the tool does not take, broken JSON included, are a result with `is_error` saying what to change (200), never an HTTP error. A call whose client goes away is cancelled: its run is stopped.",
+    request_body(content = serde_json::Value, description = "the tool's arguments, as the model gave them (any JSON: what is not one of these is a result with `is_error`, for the model): one JSON object, each argument once, or a JSON string holding one (OpenAI's `arguments`); an empty body (sent, as every POST, with `Content-Type: application/json`) is no arguments"),
+    description = "Call a tool with a model's arguments, as the caller, and answer what to hand back to the model in the format's own shape: `openai`: `{\"content\": text, \"is_error\", \"images\": [image_url parts for a user message after the tool message]}`; `openai-responses`: `{\"output\": text or [input_text and input_image items], \"is_error\"}`; `anthropic`: `{\"content\": [text and image blocks], \"is_error\"}` (a `tool_result` block's fields); `mcp`: a `tools/call` result. Arguments the tool does not take, broken JSON included, and a name that is no tool, are a result with `is_error` saying what to change (200), never an HTTP error. A call whose client goes away is cancelled: its run is stopped.",
     responses((status = 200, body = Object, description = "the tool's result in the format asked for")))]
 pub async fn call(
     State(state): State<Shared>,
@@ -59,12 +60,14 @@ pub async fn call(
     })?;
     let format = format_of(&q)?;
     let tools = registry(&state);
-    if !tools.specs().iter().any(|s| s.name == name) {
-        return Err(ApiError::new(Code::NotFound, format!("no tool {name:?}: GET /v1/tools lists the tools' names")));
-    }
-    let out = match arguments(&bytes) {
-        Ok(args) => called(tools, caller, name, args).await,
-        Err(bad) => bad,
+    // A name is the model's too: one that is no tool is a result it can act on.
+    let out = if !tools.specs().iter().any(|s| s.name == name) {
+        no_such_tool(&name, tools.specs())
+    } else {
+        match arguments(&bytes) {
+            Ok(args) => called(tools, caller, name, args).await,
+            Err(bad) => bad,
+        }
     };
     Ok(Json(answer(format, out)))
 }
@@ -104,26 +107,61 @@ async fn called(tools: Arc<Registry>, caller: Caller, name: String, args: Value)
     }
 }
 
+fn no_such_tool(name: &str, specs: &[Spec]) -> ToolOutput {
+    let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
+    error_output(&format!("not_found: there is no tool {name:?}: call one of {}", names.join(", ")))
+}
+
 fn error_output(text: &str) -> ToolOutput {
     ToolOutput { parts: vec![Part::Text(format!("error {text}"))], is_error: true }
 }
 
 /// A call's arguments from its body: a JSON object, a JSON string holding one
-/// (OpenAI's `arguments` as the API gives it), or nothing. What is not JSON is a
-/// tool result saying so, for the model.
+/// (OpenAI's `arguments` as the API gives it), or nothing. Read as strictly as a
+/// run request: one object, each argument once. What is not that is a tool
+/// result saying so, for the model.
 fn arguments(body: &[u8]) -> Result<Value, ToolOutput> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
     let bad = |e: serde_json::Error| {
         error_output(&format!(
-            "invalid_request: the arguments are not JSON ({e}): send one JSON object with the arguments the tool's input schema lists"
+            "invalid_request: the arguments are not JSON of one object, each argument once ({e}): send one JSON object with the arguments the tool's input schema lists"
         ))
     };
-    match serde_json::from_slice::<Value>(body).map_err(bad)? {
-        Value::String(inner) if inner.trim().is_empty() => Ok(Value::Null),
-        Value::String(inner) => serde_json::from_str(&inner).map_err(bad),
-        args => Ok(args),
+    let inner = match serde_json::from_slice::<Value>(body).map_err(bad)? {
+        Value::String(inner) if inner.trim().is_empty() => return Ok(Value::Null),
+        Value::String(inner) => inner.into_bytes(),
+        _ => body.to_vec(),
+    };
+    serde_json::from_slice::<Unique>(&inner).map(|u| Value::Object(u.0)).map_err(bad)
+}
+
+/// A JSON object whose keys are each given once (a `Value` would keep the last
+/// of a repeated key, silently).
+struct Unique(serde_json::Map<String, Value>);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = Unique;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("one JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!("the argument {key:?} is given twice")));
+                    }
+                    let value: Value = map.next_value()?;
+                    out.insert(key, value);
+                }
+                Ok(Unique(out))
+            }
+        }
+        d.deserialize_map(Keys)
     }
 }
 
@@ -336,13 +374,16 @@ mod tests {
         assert_eq!(arguments(br#"{"code": "print(1)"}"#).unwrap(), json!({"code": "print(1)"}));
         assert_eq!(arguments(br#""{\"code\": \"print(1)\"}""#).unwrap(), json!({"code": "print(1)"}));
         assert_eq!(arguments(br#""""#).unwrap(), Value::Null);
-        // Not an object: the registry's argument check answers it.
-        assert_eq!(arguments(b"[1]").unwrap(), json!([1]));
-        for broken in [&b"{\"code\": "[..], b"\"{\\\"code\\\"\"", b"\xff"] {
+        // As strictly as a run request: one object, each argument once.
+        let twice = arguments(br#"{"code": "print(1)", "code": "print(2)"}"#).unwrap_err();
+        assert!(twice.text_of().contains("the argument \"code\" is given twice"), "{}", twice.text_of());
+        let inner_twice = br#""{\"code\": \"a\", \"code\": \"b\"}""#;
+        assert!(arguments(inner_twice).unwrap_err().text_of().contains("given twice"));
+        for broken in [&b"{\"code\": "[..], b"\"{\\\"code\\\"\"", b"\xff", b"[\"print(1)\"]", b"3", b"null"] {
             let out = arguments(broken).unwrap_err();
             assert!(out.is_error);
             assert!(
-                out.text_of().starts_with("error invalid_request: the arguments are not JSON"),
+                out.text_of().starts_with("error invalid_request: the arguments are not JSON of one object"),
                 "{}",
                 out.text_of()
             );
@@ -358,5 +399,12 @@ mod tests {
         assert_eq!(format_of(&FormatQuery::default()).unwrap(), ToolFormat::Mcp);
         let e = format_of(&FormatQuery { format: Some("gemini".into()) }).unwrap_err();
         assert_eq!(e.code, Code::InvalidRequest);
+    }
+
+    #[test]
+    fn a_name_that_is_no_tool_is_a_result_naming_the_tools() {
+        let out = no_such_tool("rm_rf", &[spec()]);
+        assert!(out.is_error);
+        assert_eq!(out.text_of(), "error not_found: there is no tool \"rm_rf\": call one of run_python");
     }
 }

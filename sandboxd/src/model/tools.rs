@@ -43,6 +43,7 @@ impl ToolFormat {
 /// The query of both tool routes.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct FormatQuery {
     /// The API whose format the tools are listed, or a call's result answered,
     /// in: `openai` (Chat Completions), `openai-responses`, `anthropic` or `mcp`

@@ -30,8 +30,9 @@ pub struct RunShell {
     pub timeout_s: Option<f64>,
 }
 
-/// The arguments of `create_session` (not `service::CreateSessionRequest`, the API's
-/// request, which this becomes).
+// The arguments of `create_session` (not `service::CreateSessionRequest`, the API's
+// request, which this becomes). A plain comment: a doc comment would be the schema's
+// description, which models read.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewSession {

@@ -87,7 +87,7 @@ pub(super) async fn close_session(r: &Registry, caller: &Caller, args: Value) ->
     done(closed.await)
 }
 
-pub(super) async fn install_packages(r: &Registry, caller: &Caller, args: Value) -> ToolOutput {
+pub(super) async fn install_packages(r: &Registry, caller: &Caller, args: Value, watch: &Watch) -> ToolOutput {
     let a = match parse::<InstallPackages>(args) {
         Ok(a) => a,
         Err(out) => return out,
@@ -103,31 +103,34 @@ pub(super) async fn install_packages(r: &Registry, caller: &Caller, args: Value)
                 (info.id.clone(), Some(info))
             }
         };
-        match r.ops.install_packages(caller, &sid, req).await {
-            Ok(result) => {
-                let note = made.as_ref().map(made_note).unwrap_or_default();
-                Ok(ToolOutput::text(format!("{note}{}", super::render::describe_install(&result))))
-            }
-            Err(e) => {
-                if let Some(m) = &made {
-                    discard(r, caller, m).await;
+        let install = async {
+            match r.ops.install_packages(caller, &sid, req).await {
+                Ok(result) => {
+                    let note = made.as_ref().map(made_note).unwrap_or_default();
+                    Ok(ToolOutput::text(format!("{note}{}", super::render::describe_install(&result))))
                 }
-                Err(e.into())
+                Err(e) => {
+                    if let Some(m) = &made {
+                        discard(r, caller, m).await;
+                    }
+                    Err(e.into())
+                }
             }
-        }
+        };
+        unless_given_up(r, caller, watch, made.as_ref(), &sid, install).await
     };
     done(installed.await)
 }
 
-pub(super) async fn upload_file(r: &Registry, caller: &Caller, args: Value) -> ToolOutput {
+pub(super) async fn upload_file(r: &Registry, caller: &Caller, args: Value, watch: &Watch) -> ToolOutput {
     let a = match parse::<UploadFile>(args) {
         Ok(a) => a,
         Err(out) => return out,
     };
-    done(upload(r, caller, a).await)
+    done(upload(r, caller, a, watch).await)
 }
 
-async fn upload(r: &Registry, caller: &Caller, a: UploadFile) -> Result<ToolOutput, ToolError> {
+async fn upload(r: &Registry, caller: &Caller, a: UploadFile, watch: &Watch) -> Result<ToolOutput, ToolError> {
     if let Some(id) = a.session_id.as_deref() {
         session_arg(id)?;
     }
@@ -151,19 +154,22 @@ async fn upload(r: &Registry, caller: &Caller, a: UploadFile) -> Result<ToolOutp
             (info.id.clone(), Some(info))
         }
     };
-    match write_file(r, caller, &sid, &a.path, a.overwrite.unwrap_or(false), bytes).await {
-        Ok(f) => {
-            let mut text = format!("uploaded {} ({} bytes) to session {sid}\n", f.path, f.size_bytes);
-            text.push_str(&made.as_ref().map(made_note).unwrap_or_default());
-            Ok(ToolOutput::text(text))
-        }
-        Err(e) => {
-            if let Some(made) = &made {
-                discard(r, caller, made).await;
+    let written = async {
+        match write_file(r, caller, &sid, &a.path, a.overwrite.unwrap_or(false), bytes).await {
+            Ok(f) => {
+                let mut text = format!("uploaded {} ({} bytes) to session {sid}\n", f.path, f.size_bytes);
+                text.push_str(&made.as_ref().map(made_note).unwrap_or_default());
+                Ok(ToolOutput::text(text))
             }
-            Err(e)
+            Err(e) => {
+                if let Some(made) = &made {
+                    discard(r, caller, made).await;
+                }
+                Err(e)
+            }
         }
-    }
+    };
+    unless_given_up(r, caller, watch, made.as_ref(), &sid, written).await
 }
 
 pub(super) async fn list_files(r: &Registry, caller: &Caller, args: Value) -> ToolOutput {
@@ -331,14 +337,10 @@ async fn run(
             _ = watch.cancelled.cancelled() => {
                 // The client gave up: stop the run so nothing is left running
                 // (closing a session made for it stops it too).
-                match &made {
-                    Some(info) => discard(r, caller, info).await,
-                    None => drop(r.ops.cancel_run(caller, &sid)),
+                if made.is_none() {
+                    drop(r.ops.cancel_run(caller, &sid));
                 }
-                return ToolOutput {
-                    parts: vec![Part::Text(format!("error cancelled: the run in session {sid} was stopped"))],
-                    is_error: true,
-                };
+                return given_up(r, caller, made.as_ref(), &sid).await;
             }
             _ = tick.tick() => {
                 if let Some(progress) = &watch.progress {
@@ -352,7 +354,13 @@ async fn run(
         Ok(run) => {
             let mut text = describe_run_within(&run, MAX_RUN_TEXT);
             text.push_str(&made.as_ref().map(made_note).unwrap_or_default());
-            let (images, left_out) = images(&*r.ops, caller, &run, image_budget(&text, &run)).await;
+            // Fitting figures takes a while: a client that gave up meanwhile
+            // stops it, and a session made for the call goes.
+            let fitted = images(&*r.ops, caller, &run, image_budget(&text, &run));
+            let (images, left_out) = tokio::select! {
+                fitted = fitted => fitted,
+                _ = watch.cancelled.cancelled() => return given_up(r, caller, made.as_ref(), &sid).await,
+            };
             for line in left_out {
                 text.push_str(&format!("note: image {line}\n"));
             }
@@ -387,6 +395,37 @@ async fn new_session(
     let policy = r.ops.policy(None)?;
     check(&policy)?;
     Ok(r.ops.create_session(caller, CreateSessionRequest::default()).await?)
+}
+
+/// The answer to a call whose client gave up: a session made for it is closed
+/// (which stops whatever it still did).
+async fn given_up(r: &Registry, caller: &Caller, made: Option<&SessionInfo>, sid: &str) -> ToolOutput {
+    if let Some(info) = made {
+        discard(r, caller, info).await;
+    }
+    ToolOutput {
+        parts: vec![Part::Text(format!("error cancelled: the call in session {sid} was stopped"))],
+        is_error: true,
+    }
+}
+
+/// `work`, unless the client gives up first (see [`given_up`]).
+async fn unless_given_up(
+    r: &Registry,
+    caller: &Caller,
+    watch: &Watch,
+    made: Option<&SessionInfo>,
+    sid: &str,
+    work: impl std::future::Future<Output = Result<ToolOutput, ToolError>>,
+) -> Result<ToolOutput, ToolError> {
+    tokio::select! {
+        out = work => match out {
+            // Done as the client left: it will not read that a session was made.
+            Ok(_) if watch.cancelled.is_cancelled() => Ok(given_up(r, caller, made, sid).await),
+            out => out,
+        },
+        _ = watch.cancelled.cancelled() => Ok(given_up(r, caller, made, sid).await),
+    }
 }
 
 /// Close a session this call made, whose call failed: nothing of a refused call

@@ -190,7 +190,7 @@ const TOOLS: &[Def] = &[
         hints: Hints { read_only: false, destructive: false, idempotent: true, open_world: true },
         describe: render::install_packages,
         schema: schema::<args::InstallPackages>,
-        call: |r, c, a, _| Box::pin(calls::install_packages(r, c, a)),
+        call: |r, c, a, w| Box::pin(calls::install_packages(r, c, a, w)),
     },
     Def {
         name: "upload_file",
@@ -198,7 +198,7 @@ const TOOLS: &[Def] = &[
         hints: hints(false, true, true),
         describe: render::upload_file,
         schema: schema::<args::UploadFile>,
-        call: |r, c, a, _| Box::pin(calls::upload_file(r, c, a)),
+        call: |r, c, a, w| Box::pin(calls::upload_file(r, c, a, w)),
     },
     Def {
         name: "list_files",
