@@ -129,10 +129,14 @@ fn arguments(body: &[u8]) -> Result<Value, ToolOutput> {
             "invalid_request: the arguments are not JSON of one object, each argument once ({e}): send one JSON object with the arguments the tool's input schema lists"
         ))
     };
-    let inner = match serde_json::from_slice::<Value>(body).map_err(bad)? {
-        Value::String(inner) if inner.trim().is_empty() => return Ok(Value::Null),
-        Value::String(inner) => inner.into_bytes(),
-        _ => body.to_vec(),
+    // A string is read as one; anything else straight as the object (an array
+    // of a million empty objects is refused, not built).
+    let inner = match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'"') => match serde_json::from_slice::<String>(body).map_err(bad)? {
+            inner if inner.trim().is_empty() => return Ok(Value::Null),
+            inner => std::borrow::Cow::Owned(inner.into_bytes()),
+        },
+        _ => std::borrow::Cow::Borrowed(body),
     };
     serde_json::from_slice::<Unique>(&inner).map(|u| Value::Object(u.0)).map_err(bad)
 }
