@@ -540,7 +540,7 @@ def test_langchain_tools_run_in_the_session_through_langchains_tool_call_path(cl
 
 
 def test_openai_agents_tools_run_in_the_session_through_the_runner(client):
-    from agents import Agent, Runner
+    from agents import Agent, Runner, set_tracing_disabled
     from agents.items import ModelResponse
     from agents.models.interface import Model
     from agents.usage import Usage
@@ -568,6 +568,7 @@ def test_openai_agents_tools_run_in_the_session_through_the_runner(client):
         def stream_response(self, *args, **kwargs):
             raise NotImplementedError
 
+    set_tracing_disabled(True)  # no traces sent anywhere
     with client.session() as s:
         model = ScriptedModel()
         tools = sandboxd_tools(client, s)
