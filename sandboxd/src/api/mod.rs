@@ -78,7 +78,7 @@ pub use crate::service::Caller;
 /// each listener's service checks its own host names.
 fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::MethodRouter<Shared> {
     use rmcp::transport::streamable_http_server::StreamableHttpService;
-    let shared = state.mcp.get_or_init(|| mcp::McpState::new(&state.service, state.mcp_sessions, &state.shutdown));
+    let shared = mcp_state(state);
     let mut config = rmcp::transport::StreamableHttpServerConfig::default();
     config.cancellation_token = state.shutdown.child_token();
     // The surface guard checked Host and Origin already; rmcp checks the names
@@ -89,6 +89,12 @@ fn mcp_service(state: &Shared, surface: &surface::Surface) -> axum::routing::Met
         StreamableHttpService::new(move || Ok(mcp::SandboxMcp::new(tools.clone())), shared.manager.clone(), config);
     axum::routing::any_service(service)
         .layer(axum::middleware::from_fn_with_state(shared.sessions.clone(), mcp::protocol::guard))
+}
+
+/// What both listeners' `/mcp` and `/v1/tools` share (the tool registry among it),
+/// made by the first router built.
+fn mcp_state(state: &Shared) -> &mcp::McpState {
+    state.mcp.get_or_init(|| mcp::McpState::new(&state.service, state.mcp_sessions, &state.shutdown))
 }
 
 /// The router for one listener (the surface says which, and what it accepts).

@@ -72,13 +72,9 @@ pub async fn call(
     Ok(Json(answer(format, out)))
 }
 
-/// The registry MCP serves (made with the first router).
+/// The registry MCP serves.
 fn registry(state: &Shared) -> Arc<Registry> {
-    state
-        .mcp
-        .get_or_init(|| super::mcp::McpState::new(&state.service, state.mcp_sessions, &state.shutdown))
-        .tools
-        .clone()
+    super::mcp_state(state).tools.clone()
 }
 
 fn format_of(q: &FormatQuery) -> Result<ToolFormat, ApiError> {

@@ -352,21 +352,20 @@ async fn run(
     };
     match result {
         Ok(run) => {
-            let mut text = describe_run_within(&run, MAX_RUN_TEXT);
-            text.push_str(&made.as_ref().map(made_note).unwrap_or_default());
             // Fitting figures takes a while: a client that gave up meanwhile
             // stops it, and a session made for the call goes.
-            let fitted = images(&*r.ops, caller, &run, image_budget(&text, &run));
-            let (images, left_out) = tokio::select! {
-                fitted = fitted => fitted,
-                _ = watch.cancelled.cancelled() => return given_up(r, caller, made.as_ref(), &sid).await,
+            let rendered = async {
+                let mut text = describe_run_within(&run, MAX_RUN_TEXT);
+                text.push_str(&made.as_ref().map(made_note).unwrap_or_default());
+                let (images, left_out) = images(&*r.ops, caller, &run, image_budget(&text, &run)).await;
+                for line in left_out {
+                    text.push_str(&format!("note: image {line}\n"));
+                }
+                let mut parts = vec![Part::Text(text)];
+                parts.extend(images);
+                Ok(ToolOutput { parts, is_error: run.status != Status::Ok })
             };
-            for line in left_out {
-                text.push_str(&format!("note: image {line}\n"));
-            }
-            let mut parts = vec![Part::Text(text)];
-            parts.extend(images);
-            ToolOutput { parts, is_error: run.status != Status::Ok }
+            done(unless_given_up(r, caller, watch, made.as_ref(), &sid, rendered).await)
         }
         Err(e) => {
             if let Some(info) = &made {
