@@ -536,6 +536,10 @@ def test_langchain_tools_run_in_the_session_through_langchains_tool_call_path(cl
         assert s.files.download("lc.txt") == b"x", "the call ran in another session"
         bad = tools["run_python"].invoke({"name": "run_python", "args": {"code": "print(1)", "timeout_s": -1}, "id": "c2", "type": "tool_call"})
         assert "error" in bad.content.lower()
+        # No argument of the model's picks another tool or another session.
+        steer = tools["run_python"].invoke({"code": "print(1)", "_name": "close_session", "session_id": "other"})
+        assert "unknown field `_name`" in steer, steer
+        assert s.refresh().id == s.id, "the bound session was closed by the model's arguments"
     unbound = {t.name for t in sandboxd_tools(client)}
     assert {"create_session", "close_session", "run_python"} <= unbound
 
@@ -579,6 +583,16 @@ def test_openai_agents_tools_run_in_the_session_through_the_runner(client):
         [output] = [i for i in model.inputs[1] if isinstance(i, dict) and i.get("type") == "function_call_output"]
         assert "status: ok" in output["output"] and "42" in output["output"]
         assert s.files.download("ag.txt") == b"y", "the call ran in another session"
+        # Arguments as a JSON string holding the object (which the daemon would read
+        # without the binding) are refused, not sent elsewhere.
+        with client.session() as other:
+            other.files.upload("secret.txt", b"theirs")
+            escape = json.dumps(json.dumps({"code": "print(open('secret.txt').read())", "session_id": other.id}))
+            said = asyncio.run(tools[0].on_invoke_tool(None, escape))
+            assert "not one JSON object" in said and "theirs" not in said, said
+        before = {x.id for x in client.sessions()}
+        said = asyncio.run(tools[0].on_invoke_tool(None, json.dumps(json.dumps({"code": "print(1)"}))))
+        assert "not one JSON object" in said and {x.id for x in client.sessions()} == before, "a session was made"
 
 
 def test_the_e2b_shim_runs_code_written_for_e2b(client):

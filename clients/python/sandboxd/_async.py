@@ -302,20 +302,21 @@ class AsyncFiles:
         c = self._s.client
         n = 0
         dest = core.destination(path, dest)
-        tmp = core.part_file(dest)
+        f, tmp = core.part_file(dest)
         try:
             url = core.file_path(self._s.id, path)
-            async with c._http.stream("GET", url, headers={core.SESSION_HEADER: self._s.id}) as r:
-                if r.status_code >= 400:
-                    await r.aread()
-                    core.answer(r)
-                with open(tmp, "r+b") as f:
+            with f:
+                async with c._http.stream("GET", url, headers={core.SESSION_HEADER: self._s.id}) as r:
+                    if r.status_code >= 400:
+                        await r.aread()
+                        core.answer(r)
                     async for chunk in r.aiter_bytes(CHUNK):
                         n += f.write(chunk)
             tmp.replace(dest)
         except httpx.TransportError as e:
             raise core.unreachable(c.endpoint, e) from e
         finally:
+            f.close()
             tmp.unlink(missing_ok=True)
         return n
 

@@ -156,16 +156,16 @@ def figures_to_keep(figures: "Sequence[Any]") -> list[Any]:
     return kept
 
 
-def part_file(dest: "os.PathLike[str] | str") -> Path:
-    """A new file beside `dest` to download into (made with O_EXCL: nothing
-    already there, a planted link included, is written through), renamed over
-    `dest` when whole."""
+def part_file(dest: "os.PathLike[str] | str") -> "tuple[Any, Path]":
+    """A new file beside `dest` to download into, open for writing, and its
+    name: made with O_EXCL and written only through the handle (nothing already
+    there, nor a link swapped in later, is written through); renamed over `dest`
+    when whole."""
     import tempfile
 
     fd, name = tempfile.mkstemp(prefix=f".{os.path.basename(os.fspath(dest))}.", suffix=".part",
                                 dir=os.path.dirname(os.path.abspath(dest)))
-    os.close(fd)
-    return Path(name)
+    return os.fdopen(fd, "wb"), Path(name)
 
 
 def one_shot_reader(kept: dict[str, bytes]) -> Callable[[str], bytes]:

@@ -46,15 +46,19 @@ def definitions(client: Client, session: Optional[Session]) -> list[Definition]:
 def call(client: Client, session: Optional[Session], name: str, arguments: Any) -> Answer:
     """Run one call (`arguments` a dict, or the model's JSON string)."""
     if session is not None:
+        # Bound: the call goes to this session whatever the model wrote, so
+        # only one JSON object is taken (never a string holding one, which the
+        # daemon would read without the binding), its session_id set here.
         if isinstance(arguments, (str, bytes)):
             import json
 
             try:
                 arguments = json.loads(arguments or "{}")
-            except ValueError:
-                pass  # the daemon answers broken JSON as a result the model can act on
-        if isinstance(arguments, dict):
-            arguments = {**arguments, "session_id": session.id}
+            except ValueError as e:
+                return Answer(f"error invalid_request: the arguments are not JSON ({e}): send one JSON object", [], True)
+        if not isinstance(arguments, dict):
+            return Answer("error invalid_request: the arguments are not one JSON object: send one", [], True)
+        arguments = {**arguments, "session_id": session.id}
     answer = client.tools.call(name, arguments, format="anthropic")
     blocks = answer.get("content", [])
     return Answer(

@@ -351,19 +351,19 @@ class Files:
         c = self._s.client
         n = 0
         dest = core.destination(path, dest)
-        tmp = core.part_file(dest)
+        f, tmp = core.part_file(dest)
         try:
-            with c._http.stream("GET", core.file_path(self._s.id, path), headers={core.SESSION_HEADER: self._s.id}) as r:
+            with f, c._http.stream("GET", core.file_path(self._s.id, path), headers={core.SESSION_HEADER: self._s.id}) as r:
                 if r.status_code >= 400:
                     r.read()
                     core.answer(r)
-                with open(tmp, "r+b") as f:
-                    for chunk in r.iter_bytes(CHUNK):
-                        n += f.write(chunk)
+                for chunk in r.iter_bytes(CHUNK):
+                    n += f.write(chunk)
             tmp.replace(dest)
         except httpx.TransportError as e:
             raise core.unreachable(c.endpoint, e) from e
         finally:
+            f.close()
             tmp.unlink(missing_ok=True)
         return n
 

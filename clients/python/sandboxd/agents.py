@@ -17,7 +17,7 @@ on). Bound to a session, the tools act in it and the model never names one.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from agents import FunctionTool, RunContextWrapper
 
@@ -28,21 +28,23 @@ from ._sync import Client, Session
 def sandboxd_tools(client: Client, session: Optional[Session] = None) -> list[FunctionTool]:
     """The daemon's tools as ``FunctionTool``s (not strict: their optional
     arguments stay optional)."""
-    tools = []
-    for d in _glue.definitions(client, session):
-
-        async def invoke(_ctx: RunContextWrapper[Any], arguments: str, _name: str = d.name) -> str:
+    def invoker(name: str) -> Callable[[RunContextWrapper[Any], str], Awaitable[str]]:
+        async def invoke(_ctx: RunContextWrapper[Any], arguments: str) -> str:
             # The sync client, off the event loop.
-            answer = await asyncio.to_thread(_glue.call, client, session, _name, arguments)
+            answer = await asyncio.to_thread(_glue.call, client, session, name, arguments)
             note = f"\n({len(answer.images)} figure(s) made)" if answer.images else ""
             return answer.text + note
 
+        return invoke
+
+    tools = []
+    for d in _glue.definitions(client, session):
         tools.append(
             FunctionTool(
                 name=d.name,
                 description=d.description,
                 params_json_schema=d.schema,
-                on_invoke_tool=invoke,
+                on_invoke_tool=invoker(d.name),
                 strict_json_schema=False,
             )
         )

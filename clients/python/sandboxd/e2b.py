@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
+from ._core import figures_to_keep
 from ._sync import Client, Session
 
 HOME = "/home/user/"
@@ -131,7 +132,8 @@ class Sandbox:
         self._count += 1
         ex = Execution(logs=Logs(r.stdout.splitlines(keepends=True), r.stderr.splitlines(keepends=True)),
                        execution_count=self._count)
-        for fig in r.figures:
+        # The sandbox names its files: a "figure" may be anything it wrote. Kept within caps.
+        for fig in figures_to_keep(r.figures):
             ex.results.append(Result(png=base64.b64encode(fig.read()).decode()))
         if r.result:
             main = Result(is_main_result=True)

@@ -15,7 +15,7 @@ never names one; unbound, they include the tools that make and close sessions.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from langchain_core.tools import BaseTool, StructuredTool
 
@@ -26,16 +26,19 @@ from ._sync import Client, Session
 def sandboxd_tools(client: Client, session: Optional[Session] = None) -> list[BaseTool]:
     """The daemon's tools as LangChain ``StructuredTool``s (``response_format``
     ``content_and_artifact``: the text, and the figures as data URLs)."""
-    tools: list[BaseTool] = []
-    for d in _glue.definitions(client, session):
-
-        def run(_name: str = d.name, **arguments: Any) -> tuple[str, list[str]]:
-            answer = _glue.call(client, session, _name, arguments)
+    def caller(name: str) -> Callable[..., tuple[str, list[str]]]:
+        # The name is the closure's: no argument of the model's can choose it.
+        def run(**arguments: Any) -> tuple[str, list[str]]:
+            answer = _glue.call(client, session, name, arguments)
             return answer.text, answer.images
 
+        return run
+
+    tools: list[BaseTool] = []
+    for d in _glue.definitions(client, session):
         tools.append(
             StructuredTool.from_function(
-                func=run,
+                func=caller(d.name),
                 name=d.name,
                 description=d.description,
                 args_schema=d.schema,
