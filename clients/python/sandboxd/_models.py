@@ -5,12 +5,9 @@ more); ``raw`` keeps the JSON as it came."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from ._errors import RunFailedError
-
-Status = Literal["ok", "error", "timeout", "oom", "killed"]
-
 
 def _int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
