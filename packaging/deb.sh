@@ -43,7 +43,7 @@ install -d "$stage/usr/share/sandboxd/rootfs/support"
 install -m 0755 rootfs/build.sh "$stage/usr/share/sandboxd/rootfs/build.sh"
 install -m 0644 rootfs/packages.txt rootfs/requirements.lock "$stage/usr/share/sandboxd/rootfs/"
 install -m 0644 rootfs/support/runner.py rootfs/support/sandboxd_runner.py rootfs/support/sandboxd_outcome.py \
-  rootfs/support/sandboxd_install.py rootfs/support/sitecustomize.py "$stage/usr/share/sandboxd/rootfs/support/"
+  rootfs/support/sandboxd_install.py rootfs/support/sandboxd_installer.py rootfs/support/sitecustomize.py "$stage/usr/share/sandboxd/rootfs/support/"
 # Every file the recipe reads must be in the package: a missing one fails the
 # unit's first start, on the user's machine (fresh_host.sh step 5 found one so).
 for f in $(grep -o '\$here/[A-Za-z0-9_./-]*' rootfs/build.sh | sort -u); do

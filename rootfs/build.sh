@@ -72,7 +72,7 @@ free_mb=$(df -Pm "$probe" | awk 'NR==2 {print $4}')
 mkdir -p "$out" 2>/dev/null || refuse "cannot create $out; choose another output directory"
 
 # Only what goes into the image counts: support/kernel.py is embedded in the daemon.
-recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sandboxd_runner.py support/sandboxd_outcome.py support/sandboxd_install.py support/sitecustomize.py | sha256sum | cut -c1-16)
+recipe_hash=$(cd "$here" && cat build.sh packages.txt requirements.lock support/runner.py support/sandboxd_runner.py support/sandboxd_outcome.py support/sandboxd_install.py support/sandboxd_installer.py support/sitecustomize.py | sha256sum | cut -c1-16)
 tarball="$out/rootfs-$recipe_hash.tar.zst"
 if [ -s "$tarball" ] && [ -s "$tarball.sha256" ]; then
   say "up to date: $tarball (recipe $recipe_hash)"
@@ -176,7 +176,7 @@ rm -rf "$root/tmp/wheels" "$root/tmp/pip" "$root/tmp/recipe"
 current="support"; next "install the sandbox support code, pip's configuration and the sandbox user"
 mkdir -p "$root/opt/sandboxd" "$root/mnt/data" "$root/tmp" "$root/proc" "$root/dev" "$root/sys"
 cp "$here/support/runner.py" "$here/support/sandboxd_runner.py" "$here/support/sandboxd_outcome.py" \
-  "$here/support/sandboxd_install.py" "$root/opt/sandboxd/"
+  "$here/support/sandboxd_install.py" "$here/support/sandboxd_installer.py" "$root/opt/sandboxd/"
 cp "$here/support/sitecustomize.py" "$root/opt/py/lib/python3.11/site-packages/sitecustomize.py"
 # Debian's python3.11 has a sitecustomize of its own (apport's hook) earlier on
 # sys.path, which would hide the venv's: it goes.

@@ -123,6 +123,69 @@ def test_a_second_session_installing_the_same_wheel_downloads_nothing_of_it(fres
     assert second["net"]["bytes_in"] - second["net"]["cached_bytes"] < first["net"]["bytes_in"]
 
 
+# patsy 1.0.1 needs numpy, which the rootfs holds: the install is patsy alone.
+PATSY = "patsy==1.0.1"
+LAYER_SITE = "/opt/packages/current/lib/python3.11/site-packages"
+
+
+def test_what_the_rootfs_holds_is_not_installed_again_and_the_layer_holds_only_the_install(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        result = install(c, sid, [PATSY, "seaborn"])
+        # numpy (patsy's dependency) and seaborn are the rootfs's: not installed, not replaced.
+        assert result["installed"] == [{"name": "patsy", "version": "1.0.1"}], result
+        assert result["unchanged"] == ["seaborn"], result
+        out = run(c, sid, "import os, numpy, patsy, seaborn\n"
+                          "print(numpy.__file__)\nprint(patsy.__file__)\nprint(seaborn.__file__)\n"
+                          f"print(sorted(os.listdir({LAYER_SITE!r})))\n"
+                          f"print(sorted(os.listdir('/opt/packages/current')))\n"
+                          f"print(sorted(os.listdir({LAYER_SITE!r} + '/patsy/__pycache__'))[:1])")
+        assert out["status"] == "ok", out
+        numpy_file, patsy_file, seaborn_file, site, top, pycache = out["stdout"].splitlines()
+        assert numpy_file.startswith("/opt/py/") and seaborn_file.startswith("/opt/py/"), out["stdout"]
+        assert patsy_file.startswith(LAYER_SITE + "/patsy/"), out["stdout"]
+        # No stand-in of the rootfs's packages, no lock of uv's: only what was installed.
+        assert eval(site) == ["patsy", "patsy-1.0.1.dist-info"], site
+        assert eval(top) == ["bin", "lib"] or eval(top) == ["lib"], top
+        # Compiled at install (by the installer itself), not at each run's first import.
+        assert eval(pycache)[0].endswith(".cpython-311.pyc"), pycache
+        # A second install next to it keeps it, and sees numpy as installed still.
+        again = install(c, sid, [TABULATE])
+        assert again["installed"] == [{"name": "tabulate", "version": "0.9.0"}], again
+        both = run(c, sid, "import patsy, tabulate; print(patsy.__version__, tabulate.__version__)")
+        assert both["stdout"] == "1.0.1 0.9.0\n", both
+
+
+PTH_EXIT = "import os; os._exit(3)\n"
+
+
+def test_uvs_record_of_the_interpreter_is_made_once_without_any_sessions_layer(fresh_daemon):
+    """The daemon asks uv about the rootfs's Python once, in a sandbox of its own, and
+    gives the record to every install: a session's layer, which its code writes, is
+    not in that sandbox. Here the first install is in a session whose layer holds a
+    .pth file that kills any Python that reads it: the record is made all the same,
+    that session's own install dies of its .pth, and another session's installs work."""
+    daemon = fresh_daemon()
+    with daemon.http() as c:
+        tainted = new_session(c)
+        planted = c.post(f"/v1/sessions/{tainted}/runs", json={
+            "language": "shell",
+            "code": f"mkdir -p {LAYER_SITE} && printf '{PTH_EXIT}' > {LAYER_SITE}/00-exit.pth && echo planted"}).json()
+        assert planted["stdout"] == "planted\n", planted
+        r = install(c, tainted, [SIX], expect=422)
+        assert r["error"]["message"].startswith("installing six==1.16.0 failed"), r
+        log = daemon.log_text()
+        assert log.count("uv's record of the rootfs's Python made") == 1, log[-3000:]
+        assert "could not be made" not in log
+        for _ in range(2):
+            sid = new_session(c)
+            assert install(c, sid, [SIX])["installed"] == [{"name": "six", "version": "1.16.0"}]
+        log = daemon.log_text()
+        assert log.count("uv's record of the rootfs's Python made") == 1, "the record was made more than once"
+        assert log.count("run_id=uv-probe-") >= 1 and len(set(
+            l.split("run_id=uv-probe-")[1].split()[0] for l in log.splitlines() if "run_id=uv-probe-" in l)) == 1
+
+
 @pytest.mark.parametrize("packages,words", [
     (["sandboxd-no-such-package-" + "x" * 8], "sandboxd-no-such-package-xxxxxxxx"),
     (["tabulate==0.0.0"], "tabulate"),

@@ -191,6 +191,7 @@ async fn serve_with(
         rootfs: rootfs.path.clone(),
         public_url: config.public_url.clone(),
         egress: egress.clone(),
+        uv_seed: Default::default(),
     };
     // `GET /v1/check` and health check the host with the uids found here.
     let service = crate::service::Service::new(sessions.clone(), ctx, inputs);

@@ -58,6 +58,10 @@ pub struct Context {
     pub public_url: String,
     /// The egress proxy, for policies with network (`None` when no policy has any).
     pub egress: Option<std::sync::Arc<crate::egress::Egress>>,
+    /// uv's record of the rootfs's Python, given to every install
+    /// ([`crate::packages::seed`]): made by the first install that needs it,
+    /// shared by the clones.
+    pub uv_seed: std::sync::Arc<tokio::sync::OnceCell<Option<crate::packages::seed::Seed>>>,
 }
 
 impl Context {

@@ -10,10 +10,12 @@
 //! egress proxy, installs only what the rootfs and the layer do not already hold,
 //! wheels only unless the policy allows source builds, and swaps the new layer in
 //! whole or not at all. Its files come through the daemon's package cache
-//! ([`crate::egress::cache`]). The daemon trusts nothing it says but for display:
+//! ([`crate::egress::cache`]); uv's record of the rootfs's Python comes from the
+//! daemon ([`seed`]). The daemon trusts nothing it says but for display:
 //! how it ended comes from the sandbox, the layer's size from the kernel.
 
 pub mod requirement;
+pub mod seed;
 
 use crate::isolate;
 use crate::model::packages::{InstallResult, InstalledPackage};
@@ -87,11 +89,13 @@ pub async fn install(ctx: &Context, lease: &Lease, packages: &[String]) -> Resul
         Err(e @ crate::session::Error::LayerNoRoom { .. }) => return Err(Error::NoRoom(e)),
         Err(e) => return Err(internal("making the session's package layer", e)),
     };
+    let uv_seed = seed::get(ctx, lease).await;
     let net = Net::of(ctx, lease, &id).map_err(|e| internal("the egress proxy", e))?;
     let request = serde_json::json!({
         "packages": packages,
         "index_url": policy.index_url,
         "only_binary": !policy.source_builds,
+        "uv_seed": uv_seed,
     });
     let argv = vec![plan::PYTHON.to_string(), INSTALLER.to_string()];
     let mut spec = plan::sandbox_spec(&ctx.at(None, Some(&layer)), lease.uid, policy, argv, Some(request.to_string()));
