@@ -167,22 +167,29 @@ def image_conflicts(packages, rootfs):
 # uv's record of an interpreter, under its cache: `interpreter-v<N>/<hex>/<hex>.msgpack`.
 SEED_PATH = re.compile(r"interpreter-v[0-9]{1,4}/[0-9a-f]{1,64}/[0-9a-f]{1,64}\.msgpack")
 SEED_MAX = 1 << 20
+# Processes that compile a large install's bytecode.
+COMPILE_WORKERS = 4
 
 
 def plant_seed(seed, cache):
     """Put the daemon's record of the rootfs's Python where uv looks for it, so
-    uv asks the interpreter nothing. A seed of another form is ignored: uv then
-    asks, as without one."""
+    uv asks the interpreter nothing. A seed of another form, or one that cannot
+    be written, is left out: uv then asks, as without one."""
     import base64
+    import binascii
 
     path = seed.get("path") if isinstance(seed, dict) else None
     data = seed.get("data") if isinstance(seed, dict) else None
     if not (isinstance(path, str) and SEED_PATH.fullmatch(path) and isinstance(data, str) and len(data) < SEED_MAX):
         return
     target = os.path.join(cache, path)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target, "wb") as f:
-        f.write(base64.b64decode(data, validate=True))
+    try:
+        record = base64.b64decode(data, validate=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(record)
+    except (binascii.Error, ValueError, OSError):
+        clear(target)
 
 
 def probe():
@@ -252,14 +259,22 @@ def compile_bytecode(site, dists):
                 path = os.path.normpath(os.path.join(site, row[0]))
                 if path.startswith(site + os.sep) and os.path.isfile(path):
                     files.append(path)
-    if len(files) > 200 and (os.cpu_count() or 1) > 1:
-        from concurrent.futures import ProcessPoolExecutor
+    # Many files: a few worker processes (the CPUs this process may run on, at
+    # most COMPILE_WORKERS: the sandbox's cgroup limits CPU time and processes,
+    # which the host's CPU count does not know). Bytecode never fails an install:
+    # what a pool does not compile, this process does.
+    workers = min(COMPILE_WORKERS, len(os.sched_getaffinity(0)))
+    if len(files) > 200 and workers > 1:
+        try:
+            from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(os.cpu_count()) as pool:
-            list(pool.map(compile_one, files, chunksize=32))
-    else:
-        for path in files:
-            compile_one(path)
+            with ProcessPoolExecutor(workers) as pool:
+                list(pool.map(compile_one, files, chunksize=32))
+            return
+        except Exception:
+            pass
+    for path in files:
+        compile_one(path)
 
 
 def compile_one(path):
@@ -300,6 +315,10 @@ def install(packages, index, only_binary, seed):
         run("copying the layer", ["cp", "-rl", CURRENT, STAGE])
     stage_site = os.path.join(STAGE, SITE)
     os.makedirs(stage_site, exist_ok=True)
+    # The session's code may have made links of the layer's directories: the
+    # stage's site directory must be the stage's, not one of `current`'s.
+    if not os.path.realpath(stage_site).startswith(os.path.realpath(STAGE) + os.sep) or os.path.islink(STAGE):
+        raise Failed("%s in the session's package layer is a link: remove it (or the layer's files) and install again" % SITE)
     made = stand_ins(stage_site, ROOTFS_SITE, set(layer))
     before = set(os.listdir(stage_site))
 

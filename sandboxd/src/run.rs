@@ -59,9 +59,9 @@ pub struct Context {
     /// The egress proxy, for policies with network (`None` when no policy has any).
     pub egress: Option<std::sync::Arc<crate::egress::Egress>>,
     /// uv's record of the rootfs's Python, given to every install
-    /// ([`crate::packages::seed`]): made by the first install that needs it,
+    /// ([`crate::packages::seed`]): made by the first install that finds none,
     /// shared by the clones.
-    pub uv_seed: std::sync::Arc<tokio::sync::OnceCell<Option<crate::packages::seed::Seed>>>,
+    pub uv_seed: std::sync::Arc<crate::packages::seed::Seeds>,
 }
 
 impl Context {

@@ -16,13 +16,16 @@ use crate::isolate;
 use crate::plan;
 use crate::run::Context;
 use crate::session::Lease;
+use base64::Engine;
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The probe's time limit (it starts uv and a Python once each).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most of the probe's output kept: the record is a few KiB.
 const PROBE_OUTPUT: usize = 256 * 1024;
+/// The largest record given to installs (the installer takes up to 1 MiB of base64).
+const MAX_SEED: usize = 512 * 1024;
 
 /// A file of uv's cache: its path under the cache, and its bytes in base64.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,44 +46,103 @@ impl Seed {
         }
         let seed: Seed = serde_json::from_str(line).ok()?;
         let parts: Vec<&str> = seed.path.split('/').collect();
-        let hex = |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        // The installer's own check, `SEED_PATH`: lower-case hex, up to 4 digits of version.
+        let hex = |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
         let well_formed = match parts.as_slice() {
             [dir, shard, file] => {
                 dir.strip_prefix("interpreter-v")
-                    .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .is_some_and(|v| (1..=4).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_digit()))
                     && hex(shard)
                     && file.strip_suffix(".msgpack").is_some_and(hex)
             }
             _ => false,
         };
-        let base64 = seed.data.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=');
-        (well_formed && base64 && !seed.data.is_empty()).then_some(seed)
+        let decodes = base64::engine::general_purpose::STANDARD
+            .decode(&seed.data)
+            .is_ok_and(|bytes| !bytes.is_empty() && bytes.len() <= MAX_SEED);
+        (well_formed && decodes).then_some(seed)
     }
 }
 
-/// The daemon's seed: made by the first install that asks, kept for the
-/// daemon's life (`None` when the probe failed: installs then go without).
-pub async fn get(ctx: &Context, lease: &Lease) -> Option<Seed> {
-    ctx.uv_seed.get_or_init(|| probe(ctx, lease)).await.clone()
+/// The daemon's seed, as far as it got.
+#[derive(Default)]
+pub struct Seeds(std::sync::Mutex<State>);
+
+#[derive(Default)]
+enum State {
+    /// Not made yet; or the last probe failed, and another may try from then on.
+    #[default]
+    Unmade,
+    Failed(Instant),
+    /// An install is making it.
+    Making,
+    Made(Seed),
 }
 
-/// Run the installer's `--probe` in a sandbox with nothing of the session's: the
-/// session's uid (a sandbox of that uid sees nothing of another's), its policy's
-/// limits, no workspace, no layer, no network.
-async fn probe(ctx: &Context, lease: &Lease) -> Option<Seed> {
+/// How long after a failed probe the next install tries again.
+const RETRY_AFTER: Duration = Duration::from_secs(60);
+
+impl Seeds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The seed for an install in `lease`'s session. Made, it is given at once; while
+/// another install makes it, this one goes without (no install ever waits for
+/// another's probe); not made yet, or the last try failed over a minute ago, this
+/// install makes it first, inside its own lease (its session's uid is its own
+/// until the probe is over), under the daemon's built-in limits (not its
+/// policy's: a policy of a hundredth of a CPU, or too few processes for uv, would
+/// otherwise decide every other session's installs).
+pub async fn get(ctx: &Context, lease: &Lease) -> Option<Seed> {
+    let seeds = &ctx.uv_seed;
+    {
+        let mut state = seeds.lock();
+        match &*state {
+            State::Made(seed) => return Some(seed.clone()),
+            State::Making => return None,
+            State::Failed(at) if at.elapsed() < RETRY_AFTER => return None,
+            State::Unmade | State::Failed(_) => *state = State::Making,
+        }
+    }
+    // Cancelled (its install given up) before the probe ended: the next install tries.
+    struct Unclaim<'a>(&'a Seeds);
+    impl Drop for Unclaim<'_> {
+        fn drop(&mut self) {
+            let mut state = self.0.lock();
+            if matches!(*state, State::Making) {
+                *state = State::Unmade;
+            }
+        }
+    }
+    let _unclaim = Unclaim(seeds);
+    let made = probe(ctx, lease.uid).await;
+    *seeds.lock() = match &made {
+        Some(seed) => State::Made(seed.clone()),
+        None => State::Failed(Instant::now()),
+    };
+    made
+}
+
+/// Run the installer's `--probe` as host uid `uid`, in a sandbox with nothing of
+/// a session's: no workspace, no layer, no network, the built-in default
+/// policy's limits.
+async fn probe(ctx: &Context, uid: u32) -> Option<Seed> {
+    let policy = crate::model::policy::Policy::default();
     let at = plan::Where { rootfs: &ctx.rootfs, workspace: None, packages: None, ca_bundle: None };
     let argv = vec![plan::PYTHON.to_string(), super::INSTALLER.to_string(), "--probe".to_string()];
-    let spec = plan::sandbox_spec(&at, lease.uid, &lease.policy, argv, None);
+    let spec = plan::sandbox_spec(&at, uid, &policy, argv, None);
     let run = isolate::Run {
         id: format!("uv-probe-{}", crate::run::new_run_id()),
         spec,
-        limits: plan::cgroup_limits(&lease.policy),
+        limits: plan::cgroup_limits(&policy),
         timeout: PROBE_TIMEOUT,
-        grace: Duration::from_secs(lease.policy.grace_s),
+        grace: Duration::from_secs(1),
         output_limit: PROBE_OUTPUT,
     };
-    // Not the session's cancel: the seed serves every session, and a probe cut
-    // short would leave every install without it.
+    // Not the session's cancel: a probe cut short leaves every install without
+    // the seed until the next one tries.
     let (_keep, cancel) = tokio::sync::watch::channel(false);
     match crate::run::net::cold(ctx, run, None, None, cancel).await {
         Ok(outcome) => match (outcome.exit, Seed::parse(&outcome.stdout.text())) {
@@ -89,12 +151,12 @@ async fn probe(ctx: &Context, lease: &Lease) -> Option<Seed> {
                 Some(seed)
             }
             (exit, _) => {
-                tracing::warn!(?exit, stderr = %outcome.stderr.text(), "uv's record of the rootfs's Python could not be made: each install will ask the interpreter (slower)");
+                tracing::warn!(?exit, stderr = %outcome.stderr.text(), "uv's record of the rootfs's Python could not be made: installs ask the interpreter (slower) until a later try makes it");
                 None
             }
         },
         Err(e) => {
-            tracing::warn!(error = %e, "uv's record of the rootfs's Python could not be made: each install will ask the interpreter (slower)");
+            tracing::warn!(error = %e, "uv's record of the rootfs's Python could not be made: installs ask the interpreter (slower) until a later try makes it");
             None
         }
     }
@@ -106,24 +168,27 @@ mod tests {
 
     #[test]
     fn only_a_record_of_uvs_form_is_a_seed() {
-        let ok = r#"{"path": "interpreter-v5/1697c3caa117b6e6/30ac7a0cb519aa68.msgpack", "data": "kpLOawqJ+/="}"#;
+        let ok = r#"{"path": "interpreter-v5/1697c3caa117b6e6/30ac7a0cb519aa68.msgpack", "data": "kpLOawqJ+/8="}"#;
         assert_eq!(
             Seed::parse(&format!("noise\n{ok}\n\n")),
             Some(Seed {
                 path: "interpreter-v5/1697c3caa117b6e6/30ac7a0cb519aa68.msgpack".into(),
-                data: "kpLOawqJ+/=".into()
+                data: "kpLOawqJ+/8=".into()
             })
         );
         for bad in [
-            r#"{"path": "../interpreter-v5/aa/bb.msgpack", "data": "aa"}"#,
-            r#"{"path": "interpreter-v5/aa/bb/cc.msgpack", "data": "aa"}"#,
-            r#"{"path": "interpreter-v/aa/bb.msgpack", "data": "aa"}"#,
-            r#"{"path": "interpreter-v5/a.a/bb.msgpack", "data": "aa"}"#,
-            r#"{"path": "interpreter-v5/aa/bb.json", "data": "aa"}"#,
+            r#"{"path": "../interpreter-v5/aa/bb.msgpack", "data": "aa=="}"#,
+            r#"{"path": "interpreter-v5/aa/bb/cc.msgpack", "data": "aa=="}"#,
+            r#"{"path": "interpreter-v/aa/bb.msgpack", "data": "aa=="}"#,
+            r#"{"path": "interpreter-v5/a.a/bb.msgpack", "data": "aa=="}"#,
+            r#"{"path": "interpreter-v5/aa/bb.json", "data": "aa=="}"#,
             r#"{"path": "interpreter-v5/aa/bb.msgpack", "data": ""}"#,
             r#"{"path": "interpreter-v5/aa/bb.msgpack", "data": "a\"b"}"#,
-            r#"{"path": "interpreter-v5/aa/bb.msgpack", "data": "aa", "more": 1}"#,
-            r#"["interpreter-v5/aa/bb.msgpack", "aa"]"#,
+            r#"{"path": "interpreter-v5/aa/bb.msgpack", "data": "kpLOawqJ+/="}"#,
+            r#"{"path": "interpreter-v5/AA/bb.msgpack", "data": "aa=="}"#,
+            r#"{"path": "interpreter-v12345/aa/bb.msgpack", "data": "aa=="}"#,
+            r#"{"path": "interpreter-v5/aa/bb.msgpack", "data": "aa==", "more": 1}"#,
+            r#"["interpreter-v5/aa/bb.msgpack", "aa=="]"#,
             "",
         ] {
             assert_eq!(Seed::parse(bad), None, "{bad}");
