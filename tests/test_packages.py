@@ -154,6 +154,10 @@ def test_what_the_rootfs_holds_is_not_installed_again_and_the_layer_holds_only_t
         assert again["installed"] == [{"name": "tabulate", "version": "0.9.0"}], again
         both = run(c, sid, "import patsy, tabulate; print(patsy.__version__, tabulate.__version__)")
         assert both["stdout"] == "1.0.1 0.9.0\n", both
+        # An install with nothing to do leaves nothing beside the layer either.
+        assert install(c, sid, ["seaborn"])["installed"] == []
+        left = run(c, sid, "import os; print(sorted(os.listdir('/opt/packages')))")
+        assert left["stdout"] == "['current']\n", left
 
 
 PTH_EXIT = "import os; os._exit(3)\n"
@@ -231,8 +235,11 @@ def test_a_runs_packages_are_installed_before_its_code(daemon):
         net = r.json()["usage"]["net"]
         assert net["hosts"][0] == "pypi.org:443" and "files.pythonhosted.org:443" in net["hosts"], net
         assert net["connections"] >= 2 and net["bytes_in"] > 10000, net
+        sessions = {s["id"] for s in c.get("/v1/sessions").json()}
         bad = c.post("/v1/runs", json={"code": "print(1)", "packages": ["tabulate==0.0.0"]}, timeout=300)
         assert (bad.status_code, error_code(bad)) == (422, "package_install_failed")
+        # The session made for the run is named nowhere in the error: it is gone, not left to its TTL.
+        assert {s["id"] for s in c.get("/v1/sessions").json()} == sessions
 
 
 QUOTA_POLICY = """

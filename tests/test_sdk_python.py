@@ -266,6 +266,10 @@ def test_packages_install_into_the_session(client):
         with pytest.raises(sandboxd.PackageInstallError) as e:
             s.install(["no-such-package-sandboxd-test==1.0"])
         assert e.value.code == "package_install_failed" and e.value.status == 422
+        # One string is one requirement (not a letter per package).
+        again = s.install("tabulate==0.9.0")
+        assert again.installed == [] and again.unchanged == ["tabulate"], again
+        assert s.run("import six; print(six.__version__)", packages="six==1.16.0").stdout == "1.16.0\n"
 
 
 # --- tools over HTTP --------------------------------------------------------------------

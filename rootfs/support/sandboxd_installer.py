@@ -350,6 +350,7 @@ def install(packages, index, only_binary, seed):
         raise Failed("uv replaced %s, which the sandbox's image holds" % ", ".join(replaced))
     unchanged = sorted(name for name in named if name not in dict(new))
     if not new:
+        clear(STAGE)
         return {"installed": [], "unchanged": unchanged}
     compile_bytecode(stage_site, sorted(set(os.listdir(stage_site)) - before))
 

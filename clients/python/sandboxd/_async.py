@@ -113,7 +113,7 @@ class AsyncClient:
         language: str = "python",
         timeout_s: Optional[float] = None,
         policy: Optional[str] = None,
-        packages: Optional[Sequence[str]] = None,
+        packages: Optional[Union[str, Sequence[str]]] = None,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
     ) -> RunResult:
@@ -162,7 +162,7 @@ class AsyncSession:
         *,
         language: str = "python",
         timeout_s: Optional[float] = None,
-        packages: Optional[Sequence[str]] = None,
+        packages: Optional[Union[str, Sequence[str]]] = None,
         autosave_figures: Optional[bool] = None,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
@@ -192,9 +192,9 @@ class AsyncSession:
         out = await self.client._send(Request("DELETE", self._path("/run"), session=self.id))
         return bool(out.get("status") == "cancelled")
 
-    async def install(self, packages: Sequence[str]) -> InstallResult:
+    async def install(self, packages: Union[str, Sequence[str]]) -> InstallResult:
         """Install packages into the session's package layer."""
-        req = Request("POST", self._path("/packages"), json={"packages": list(packages)}, session=self.id)
+        req = Request("POST", self._path("/packages"), json={"packages": core.requirements(packages)}, session=self.id)
         return InstallResult.from_json(await self.client._send(req))
 
     async def runs(self, limit: Optional[int] = None) -> AsyncIterator[RunSummary]:

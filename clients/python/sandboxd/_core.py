@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Union
 from urllib.parse import quote
 
 import httpx
@@ -202,12 +202,20 @@ def file_path(session: str, path: str) -> str:
     return f"/v1/sessions/{seg(session)}/files/{'/'.join(parts)}"
 
 
+
+def requirements(packages: Union[str, Sequence[str]]) -> List[str]:
+    """Requirements as the daemon takes them: a list. One string is one
+    requirement ("tabulate==0.9.0"), not a sequence of one-letter names."""
+    if isinstance(packages, (bytes, bytearray)):
+        raise TypeError("packages: pass requirement strings (str), not bytes")
+    return [packages] if isinstance(packages, str) else list(packages)
+
 def run_body(
     code: str,
     *,
     language: str = "python",
     timeout_s: Optional[float] = None,
-    packages: Optional[Sequence[str]] = None,
+    packages: Optional[Union[str, Sequence[str]]] = None,
     autosave_figures: Optional[bool] = None,
     policy: Optional[str] = None,
 ) -> dict[str, Any]:
@@ -215,7 +223,7 @@ def run_body(
     if timeout_s is not None:
         body["timeout_s"] = timeout_s
     if packages:
-        body["packages"] = list(packages)
+        body["packages"] = requirements(packages)
     if autosave_figures is not None:
         body["autosave_figures"] = autosave_figures
     if policy is not None:

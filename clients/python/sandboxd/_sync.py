@@ -132,7 +132,7 @@ class Client:
         language: str = "python",
         timeout_s: Optional[float] = None,
         policy: Optional[str] = None,
-        packages: Optional[Sequence[str]] = None,
+        packages: Optional[Union[str, Sequence[str]]] = None,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
     ) -> RunResult:
@@ -180,7 +180,7 @@ class Session:
         *,
         language: str = "python",
         timeout_s: Optional[float] = None,
-        packages: Optional[Sequence[str]] = None,
+        packages: Optional[Union[str, Sequence[str]]] = None,
         autosave_figures: Optional[bool] = None,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
@@ -216,11 +216,11 @@ class Session:
         out = self.client._send(Request("DELETE", self._path("/run"), session=self.id))
         return bool(out.get("status") == "cancelled")
 
-    def install(self, packages: Sequence[str]) -> InstallResult:
+    def install(self, packages: Union[str, Sequence[str]]) -> InstallResult:
         """Install packages (``["requests==2.32.3", "tabulate"]``) into the
         session's package layer, for its every later run; raises
         :class:`PackageInstallError` with the installer's words when it fails."""
-        req = Request("POST", self._path("/packages"), json={"packages": list(packages)}, session=self.id)
+        req = Request("POST", self._path("/packages"), json={"packages": core.requirements(packages)}, session=self.id)
         return InstallResult.from_json(self.client._send(req))
 
     def runs(self, limit: Optional[int] = None) -> Iterator[RunSummary]:

@@ -81,6 +81,9 @@ impl Operations for Service {
     ) -> BoxFuture<'a, Result<RunDone, Error>> {
         Box::pin(async move {
             let owner = caller.owner();
+            // The session made for this run, if it had none: the caller learns its id
+            // only from a result.
+            let mut made = None;
             let taken = match &req.session_id {
                 Some(id) => {
                     let taken = self.sessions.lease(id, owner)?;
@@ -96,6 +99,7 @@ impl Operations for Service {
                     // Refuse before a session is made for a run the token may not start.
                     self.sessions.check_run_quota(owner)?;
                     let info = self.sessions.create(None, req.policy.as_deref(), Mode::Script, None, owner).await?;
+                    made = Some(info.id.clone());
                     match self.sessions.lease(&info.id, owner) {
                         Ok(taken) => taken,
                         Err(e) => {
@@ -106,11 +110,22 @@ impl Operations for Service {
                     }
                 }
             };
-            if self.draining.load(Ordering::SeqCst) {
-                return Err(Error::ShuttingDown);
-            }
-            // Taken before the drain began: the drain waits for it from here on.
-            let lease = taken.mount().await?;
+            let mounted = async {
+                if self.draining.load(Ordering::SeqCst) {
+                    return Err(Error::ShuttingDown);
+                }
+                // Taken before the drain began: the drain waits for it from here on.
+                Ok(taken.mount().await?)
+            };
+            let lease = match mounted.await {
+                Ok(lease) => lease,
+                Err(e) => {
+                    if let Some(id) = &made {
+                        let _ = self.sessions.close(id, owner).await;
+                    }
+                    return Err(e);
+                }
+            };
             // The run is accepted: from here on it has a record, written beside the
             // sandbox's start rather than before it.
             let run_id = run::new_run_id();
@@ -119,6 +134,7 @@ impl Operations for Service {
             let begun = blocking(records.clone(), move |r| r.begin(record));
             let (done_tx, done_rx) = oneshot::channel();
             let ctx = self.ctx.clone();
+            let (sessions, owner) = (self.sessions.clone(), owner.map(str::to_string));
             tokio::spawn(async move {
                 let ran = async {
                     // The run's packages first, in its sandbox's session: the code
@@ -150,6 +166,14 @@ impl Operations for Service {
                     }
                 }
                 drop(lease);
+                // A run that made its session and ended in an error (its packages
+                // failed to install, say) names that session nowhere: it goes, rather
+                // than stay unknown to its caller until its TTL.
+                if let (Err(_), Some(id)) = (&result, &made) {
+                    if let Err(e) = sessions.close(id, owner.as_deref()).await {
+                        tracing::warn!(session_id = %id, error = %e, "could not close the session made for a run that failed");
+                    }
+                }
                 let _ = done_tx.send(result);
             });
             Ok(done_rx)
