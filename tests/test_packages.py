@@ -9,6 +9,7 @@ The wheels are small pure-Python ones, pinned: tabulate, six, idna.
 """
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -293,7 +294,7 @@ def test_sandboxctl_pip_install(daemon):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout == "Successfully installed six-1.16.0\n"
-    assert "the session's package layer holds" in p.stderr
+    assert re.search(r"the session's package layer holds \d+ KiB of 64 MiB; \d+ ms", p.stderr), p.stderr
     p = subprocess.run([str(CTL), "--socket", str(daemon.socket), "pip", "install", "--session", sid, "six==0.0.0"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "package_install_failed" in p.stderr, p.stderr

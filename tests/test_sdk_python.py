@@ -262,6 +262,7 @@ def test_packages_install_into_the_session(client):
     with client.session() as s:
         got = s.install(["tabulate==0.9.0"])
         assert got.installed == [("tabulate", "0.9.0")] or got.unchanged == ["tabulate==0.9.0"], got
+        assert got.net is not None and "pypi.org:443" in got.net["hosts"], got.net
         assert s.run("import tabulate; print(tabulate.__version__)").stdout == "0.9.0\n"
         with pytest.raises(sandboxd.PackageInstallError) as e:
             s.install(["no-such-package-sandboxd-test==1.0"])

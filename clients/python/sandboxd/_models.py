@@ -281,6 +281,8 @@ class InstallResult:
     duration_ms: int
     layer_bytes: int
     layer_limit_bytes: int
+    #: The install's network use (``usage.net``'s shape: hosts, bytes, ``cached_bytes``, refusals).
+    net: Optional[dict[str, Any]] = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -292,5 +294,6 @@ class InstallResult:
             duration_ms=int(d.get("duration_ms", 0)),
             layer_bytes=int(d.get("layer_bytes", 0)),
             layer_limit_bytes=int(d.get("layer_limit_bytes", 0)),
+            net=d.get("net") if isinstance(d.get("net"), dict) else None,
             raw=d,
         )

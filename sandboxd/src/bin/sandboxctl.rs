@@ -117,8 +117,11 @@ enum PipCommand {
     /// package layer. Exits 2 when the install failed (as for every error of the
     /// daemon), printing the installer's message.
     Install {
+        /// The session whose package layer gets them (`sandboxctl sessions new` makes one).
         #[arg(long)]
         session: String,
+        /// Requirements, e.g. tabulate==0.9.0 requests>=2 'pandas[excel]' (no URLs,
+        /// paths or pip options; at most 32).
         #[arg(required = true, value_name = "REQUIREMENT")]
         packages: Vec<String>,
         /// Print the whole answer as JSON instead.
@@ -253,11 +256,22 @@ fn print_install(result: &InstallResult) {
         println!("Successfully installed {}", names.join(" "));
     }
     eprintln!(
-        "sandboxd: the session's package layer holds {} MiB of {} MiB; {} ms",
-        result.layer_bytes / (1024 * 1024),
-        result.layer_limit_bytes / (1024 * 1024),
+        "sandboxd: the session's package layer holds {} of {}; {} ms",
+        size(result.layer_bytes),
+        size(result.layer_limit_bytes),
         result.duration_ms
     );
+}
+
+/// Bytes as a person reads them: `812 KiB`, `1.3 MiB`, `512 MiB`.
+fn size(bytes: u64) -> String {
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
+    match bytes {
+        b if b < MIB => format!("{} KiB", b.div_ceil(KIB)),
+        b if b < 10 * MIB => format!("{:.1} MiB", b as f64 / MIB as f64),
+        b => format!("{} MiB", b / MIB),
+    }
 }
 
 fn print_json(v: &impl serde::Serialize) {
@@ -550,5 +564,20 @@ async fn save_artifacts(
     match skipped {
         0 => Ok(()),
         n => Err(download::Error::NotSaved { count: n, of: result.artifacts.len() }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size;
+
+    #[test]
+    fn sizes_read_as_a_person_reads_them() {
+        assert_eq!(size(0), "0 KiB");
+        assert_eq!(size(1), "1 KiB");
+        assert_eq!(size(263_168), "257 KiB");
+        assert_eq!(size(1_363_148), "1.3 MiB");
+        assert_eq!(size(64 << 20), "64 MiB");
+        assert_eq!(size(512 << 20), "512 MiB");
     }
 }
