@@ -202,13 +202,13 @@ def file_path(session: str, path: str) -> str:
     return f"/v1/sessions/{seg(session)}/files/{'/'.join(parts)}"
 
 
-
 def requirements(packages: Union[str, Sequence[str]]) -> List[str]:
     """Requirements as the daemon takes them: a list. One string is one
     requirement ("tabulate==0.9.0"), not a sequence of one-letter names."""
     if isinstance(packages, (bytes, bytearray)):
         raise TypeError("packages: pass requirement strings (str), not bytes")
     return [packages] if isinstance(packages, str) else list(packages)
+
 
 def run_body(
     code: str,

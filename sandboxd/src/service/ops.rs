@@ -104,7 +104,7 @@ impl Operations for Service {
                         Ok(taken) => taken,
                         Err(e) => {
                             // Another run of the token's took the last place meanwhile.
-                            let _ = self.sessions.close(&info.id, owner).await;
+                            close_unnamed(&self.sessions, &info.id, owner).await;
                             return Err(e.into());
                         }
                     }
@@ -121,7 +121,7 @@ impl Operations for Service {
                 Ok(lease) => lease,
                 Err(e) => {
                     if let Some(id) = &made {
-                        let _ = self.sessions.close(id, owner).await;
+                        close_unnamed(&self.sessions, id, owner).await;
                     }
                     return Err(e);
                 }
@@ -170,9 +170,7 @@ impl Operations for Service {
                 // failed to install, say) names that session nowhere: it goes, rather
                 // than stay unknown to its caller until its TTL.
                 if let (Err(_), Some(id)) = (&result, &made) {
-                    if let Err(e) = sessions.close(id, owner.as_deref()).await {
-                        tracing::warn!(session_id = %id, error = %e, "could not close the session made for a run that failed");
-                    }
+                    close_unnamed(&sessions, id, owner.as_deref()).await;
                 }
                 let _ = done_tx.send(result);
             });
@@ -356,6 +354,14 @@ impl Operations for Service {
 
 /// What a run's record says of the error that stopped it: what its caller was
 /// told, without a host failure's details (those are in the daemon's log).
+/// Close the session made for a run that will not answer with a result (the only
+/// place its id would be named).
+async fn close_unnamed(sessions: &std::sync::Arc<crate::session::Manager>, id: &str, owner: Option<&str>) {
+    if let Err(e) = sessions.close(id, owner).await {
+        tracing::warn!(session_id = %id, error = %e, "could not close the session made for a run that failed");
+    }
+}
+
 fn record_error(e: &Error) -> String {
     match e {
         Error::Internal { context, .. }
