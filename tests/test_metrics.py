@@ -2,6 +2,8 @@
 own parser. Runs of each outcome move their counters by exactly that much; with
 `tokens`, HTTP needs one; `metrics_listen` serves the route alone, without a token."""
 
+import time
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -94,8 +96,34 @@ def test_each_outcome_moves_its_counters_by_exactly_one(own):
         ("sandboxd_run_execution_seconds_count", (("mode", "cold"),)): 4,
     }
     # The pool's idle gauges may move while it refills: compare the rest exactly.
-    got = {k: v for k, v in got.items() if k[0] not in ("sandboxd_pool_idle_templates",)}
+    got = {k: v for k, v in got.items() if k[0] not in ("sandboxd_pool_idle_templates", "sandboxd_ready_sandboxes")}
     assert got == want
+
+
+def ready_sandboxes(client, want, within=10.0):
+    """The ready slots, once they are `want` (or what they are after `within` s)."""
+    deadline = time.monotonic() + within
+    while True:
+        n = value(scrape(client), "sandboxd_ready_sandboxes")
+        if n == want or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
+def test_the_ready_sandboxes_are_made_again_after_runs_take_them_or_use_them_up(fresh_daemon):
+    """`ready_sandboxes` slots are kept made: a cold run takes one and another is
+    made behind it; a run whose slot held many tasks (an install's uv, a program
+    that forks), which cannot be used again, is replaced too."""
+    d = fresh_daemon(args=["--ready-sandboxes", "3", "--pool-size", "0"])
+    with d.uds() as c:
+        assert ready_sandboxes(c, 3) == 3
+        # Twenty processes at once: the slot's task peak is past what a reused slot may keep.
+        busy = d.run("for i in $(seq 20); do sleep 0.2 & done; wait", language="shell", client=d.uds())
+        assert busy["status"] == "ok" and busy["usage"]["pids_peak"] >= 20, busy
+        assert ready_sandboxes(c, 3) == 3
+        for _ in range(3):
+            assert d.run("true", language="shell", client=d.uds())["status"] == "ok"
+        assert ready_sandboxes(c, 3) >= 3
 
 
 def test_kernel_cells_are_counted_by_mode(own):

@@ -124,6 +124,39 @@ def test_a_second_session_installing_the_same_wheel_downloads_nothing_of_it(fres
     assert second["net"]["bytes_in"] - second["net"]["cached_bytes"] < first["net"]["bytes_in"]
 
 
+PLAIN_WAY = r"""
+import hashlib, json, urllib.error, urllib.request
+def get(url, accept="application/vnd.pypi.simple.v1+json"):
+    return urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": accept}), timeout=60).read()
+files = json.loads(get("http://pypi.org:443/simple/six/"))["files"]
+wheel = next(f for f in files if f["filename"] == "six-1.16.0-py2.py3-none-any.whl")
+print(wheel["url"].split("/packages/")[0])
+print(hashlib.sha256(get(wheel["url"], "*/*")).hexdigest() == wheel["hashes"]["sha256"])
+html = get("http://pypi.org:443/simple/six/", "text/html").decode()
+print(html.count('href="http://files.pythonhosted.org:443/packages/') > 10, "https://files.pythonhosted.org" in html)
+try:
+    get("http://files.pythonhosted.org:8443/packages/")
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip())
+"""
+
+
+def test_the_package_hosts_are_reached_in_plain_http_that_the_proxy_carries_over_tls(daemon):
+    """How the installer reaches the index without starting TLS (egress/plain.rs):
+    a plain request that names a package host's TLS port goes there over TLS, and
+    the index page's links to the package hosts come back in that plain form;
+    another port is not a package host's and is checked as ever."""
+    with daemon.http() as c:
+        sid = new_session(c)
+        r = run(c, sid, PLAIN_WAY)
+    assert r["status"] == "ok", r
+    lines = r["stdout"].splitlines()
+    assert lines[:3] == ["http://files.pythonhosted.org:443", "True", "True False"], r
+    assert lines[3].startswith("403 port_not_allowed: "), r
+    hosts = r["usage"]["net"]["hosts"]
+    assert "pypi.org:443" in hosts and "files.pythonhosted.org:443" in hosts, r["usage"]["net"]
+
+
 # patsy 1.0.1 needs numpy, which the rootfs holds: the install is patsy alone.
 PATSY = "patsy==1.0.1"
 LAYER_SITE = "/opt/packages/current/lib/python3.11/site-packages"
@@ -136,6 +169,11 @@ def test_what_the_rootfs_holds_is_not_installed_again_and_the_layer_holds_only_t
         # numpy (patsy's dependency) and seaborn are the rootfs's: not installed, not replaced.
         assert result["installed"] == [{"name": "patsy", "version": "1.0.1"}], result
         assert result["unchanged"] == ["seaborn"], result
+        # Compiled at install, by the installer itself: runs write no bytecode
+        # (PYTHONDONTWRITEBYTECODE), so a package left uncompiled would be compiled
+        # at every run's import.
+        pycache = f"import os; print(os.path.isdir({LAYER_SITE!r} + '/patsy/__pycache__'))"
+        assert run(c, sid, pycache)["stdout"] == "True\n"
         out = run(c, sid, "import os, numpy, patsy, seaborn\n"
                           "print(numpy.__file__)\nprint(patsy.__file__)\nprint(seaborn.__file__)\n"
                           f"print(sorted(os.listdir({LAYER_SITE!r})))\n"
@@ -148,7 +186,6 @@ def test_what_the_rootfs_holds_is_not_installed_again_and_the_layer_holds_only_t
         # No stand-in of the rootfs's packages, no lock of uv's: only what was installed.
         assert eval(site) == ["patsy", "patsy-1.0.1.dist-info"], site
         assert eval(top) == ["bin", "lib"] or eval(top) == ["lib"], top
-        # Compiled at install (by the installer itself), not at each run's first import.
         assert eval(pycache)[0].endswith(".cpython-311.pyc"), pycache
         # A second install next to it keeps it, and sees numpy as installed still.
         again = install(c, sid, [TABULATE])
@@ -205,6 +242,8 @@ def test_what_cannot_be_installed_is_a_structured_error_and_changes_nothing(daem
         assert error_code_of(r) == "package_install_failed"
         message = r["error"]["message"]
         assert message.startswith(f"installing {' '.join(packages)} failed:") and words in message, message
+        # uv asked the index in plain HTTP (egress/plain.rs); its words name it as the policy does.
+        assert "pypi.org:443" not in message, message
         # The layer is as it was: six is there, nothing else is.
         assert run(c, sid, "import six; print(six.__version__)")["stdout"] == "1.16.0\n"
         assert run(c, sid, "import tabulate")["status"] == "error"

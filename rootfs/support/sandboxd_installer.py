@@ -6,7 +6,8 @@ the layer mounted read-write at /opt/packages, no workspace), with one JSON obje
 on stdin:
 
     {"packages": ["requests==2.32.3", "tabulate"], "index_url": "https://pypi.org/simple",
-     "only_binary": true, "uv_seed": {"path": "interpreter-v5/<hex>/<hex>.msgpack", "data": "<base64>"}}
+     "plain_index_url": "http://pypi.org:443/simple/", "only_binary": true,
+     "uv_seed": {"path": "interpreter-v5/<hex>/<hex>.msgpack", "data": "<base64>"}}
 
 The requirements are already checked by the daemon (names, extras and version
 specifiers only). The layer's live tree is /opt/packages/current, in pip's --prefix
@@ -24,10 +25,17 @@ on sys.path after the rootfs's own packages (sitecustomize.add_packages_layer).
    consistent); a package the request names keeps its version in the layer if
    that still satisfies the request (as pip's "already satisfied"). Wheels only
    unless `only_binary` is false. The stand-ins go; what is new is compiled to
-   bytecode here, in this process (uv would start interpreters for it).
+   bytecode here, in this process (uv would start interpreters for it; runs
+   write none: PYTHONDONTWRITEBYTECODE keeps the workspace clean of it).
 3. Swap the stage and `current` in one step (renameat2 RENAME_EXCHANGE), then
    remove the old tree. A failed or killed install leaves `current` as it was;
    what it left (.stage, .tmp) is removed by the next install.
+
+`plain_index_url`, when the daemon gives one, is the same index asked in plain
+HTTP, which the egress proxy carries to it over TLS (the way from here to the
+proxy is a loopback socket of the sandbox's own): uv then starts no TLS, whose
+set-up costs it more than the rest of a cached install. uv's messages name the
+index as `index_url`.
 
 uv's cache and temporary files are on the layer's filesystem (.tmp), not /tmp (a
 small tmpfs), and are removed afterwards. `uv_seed`, when the daemon has one, is
@@ -50,10 +58,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-
-from packaging.version import InvalidVersion, Version
 
 LAYER = "/opt/packages"
 CURRENT = LAYER + "/current"
@@ -87,11 +92,11 @@ def name_of(requirement):
 def installed(site):
     """What a site directory holds, from its `NAME-VERSION.dist-info` directories
     (the names every installer writes; reading each one's METADATA would cost
-    more than the rest of this script): canonical name -> Version. A project
-    with two of them (pip leaves the old one behind when it replaces a package
-    of the layer: it uninstalls nothing outside its environment, /opt/py), or
-    with no valid version, counts as absent: an install that needs it puts it
-    back whole."""
+    more than the rest of this script): canonical name -> version, as the name
+    writes it. A project with two of them (pip leaves the old one behind when it
+    replaces a package of the layer: it uninstalls nothing outside its
+    environment, /opt/py), or with no version, counts as absent: an install that
+    needs it puts it back whole."""
     found, absent = {}, set()
     try:
         entries = os.listdir(site)
@@ -102,13 +107,15 @@ def installed(site):
             continue
         name, _, version = entry[: -len(".dist-info")].partition("-")
         name = canonicalize_name(name)
-        if name in found:
+        if name in found or not VERSION.fullmatch(version):
             absent.add(name)
-        try:
-            found[name] = Version(version)
-        except InvalidVersion:
-            absent.add(name)
+        found[name] = version
     return {name: version for name, version in found.items() if name not in absent}
+
+
+# A version as a dist-info directory's name carries it (PEP 440's characters;
+# packaging's own parser costs this script a tenth of its time to import).
+VERSION = re.compile(r"[0-9][0-9A-Za-z.!+_]*")
 
 
 def clear(path):
@@ -124,15 +131,30 @@ def is_full(err):
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def run(what, argv, env=None):
-    """Run a program for the step `what`; its messages go to our stderr as they
-    are. Failed if it fails."""
-    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    sys.stderr.write(p.stderr)
-    if p.returncode != 0:
-        if "No space left on device" in p.stderr or "Disk quota exceeded" in p.stderr:
+def run(what, argv, env=None, shown=()):
+    """Run a program (found on PATH) for the step `what`, with no input and its
+    output dropped; its messages go to our stderr, each (url, as_shown) of `shown`
+    replaced. Failed if it fails. (posix_spawn, not subprocess: whose import
+    costs more than the rest of this script's.)"""
+    errors, write_end = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        pid = os.posix_spawnp(argv[0], argv, os.environ if env is None else env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, write_end, 2)])
+    finally:
+        os.close(write_end)
+        os.close(devnull)
+    with os.fdopen(errors, "rb") as f:
+        messages = f.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    shown_messages = messages
+    for url, as_shown in shown:
+        shown_messages = shown_messages.replace(url, as_shown)
+    sys.stderr.write(shown_messages)
+    if code != 0:
+        if "No space left on device" in messages or "Disk quota exceeded" in messages:
             raise Failed(FULL)
-        raise Failed("%s failed (exit code %d)" % (what, p.returncode))
+        raise Failed("%s failed (exit code %d)" % (what, code))
 
 
 def exchange(a, b):
@@ -155,11 +177,16 @@ def image_conflicts(packages, rootfs):
     """The requirements that no version the rootfs holds can meet: why a
     resolution failed, in words the user can act on (uv names only the pin)."""
     from packaging.requirements import Requirement  # only when a resolution failed
+    from packaging.version import InvalidVersion, Version
 
     conflicts = []
     for requirement in map(Requirement, packages):
         held = rootfs.get(canonicalize_name(requirement.name))
-        if held is not None and not requirement.specifier.contains(held, prereleases=True):
+        try:
+            meets = held is None or requirement.specifier.contains(Version(held), prereleases=True)
+        except InvalidVersion:
+            meets = True
+        if not meets:
             conflicts.append("%s is part of the sandbox's image at %s, which cannot be replaced" % (requirement.name, held))
     return conflicts
 
@@ -286,7 +313,7 @@ def compile_one(path):
         pass
 
 
-def install(packages, index, only_binary, seed):
+def install(packages, index, plain_index, only_binary, seed):
     for leftover in (STAGE, TMP):
         clear(leftover)
     os.makedirs(TMP + "/tmp")
@@ -329,12 +356,13 @@ def install(packages, index, only_binary, seed):
         pins = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     write_lines(request, packages)
     write_lines(constraints, pins + ["%s==%s" % nv for nv in sorted(layer.items()) if nv[0] not in named])
-    argv = [UV, "pip", "install", "--prefix", STAGE, "--python", PYTHON, "--index-url", index, "--quiet",
-            "--requirements", request, "--constraint", constraints]
+    argv = [UV, "pip", "install", "--prefix", STAGE, "--python", PYTHON, "--index-url", plain_index or index,
+            "--quiet", "--requirements", request, "--constraint", constraints]
     if only_binary:
         argv += ["--only-binary", ":all:"]
+    shown = [(plain_index.rstrip("/"), index.rstrip("/"))] if plain_index else []
     try:
-        run("installing", argv, env)
+        run("installing", argv, env, shown)
     except Failed:
         for why in image_conflicts(packages, rootfs):
             print("sandboxd: %s" % why, file=sys.stderr)
@@ -360,7 +388,7 @@ def install(packages, index, only_binary, seed):
         clear(STAGE)
     else:
         os.rename(STAGE, CURRENT)
-    return {"installed": [{"name": n, "version": str(v)} for n, v in new], "unchanged": unchanged}
+    return {"installed": [{"name": n, "version": v} for n, v in new], "unchanged": unchanged}
 
 
 def main():
@@ -374,7 +402,11 @@ def main():
         layer = os.open(LAYER, os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(layer, fcntl.LOCK_EX)
         try:
-            summary = install(request["packages"], request["index_url"], request["only_binary"], request.get("uv_seed"))
+            plain_index = request.get("plain_index_url")
+            if not (isinstance(plain_index, str) and plain_index.startswith("http://")):
+                plain_index = None
+            summary = install(request["packages"], request["index_url"], plain_index, request["only_binary"],
+                              request.get("uv_seed"))
         except BaseException as e:
             # `current` is as it was (or, past the swap, whole and new): what is
             # left is the stage or the old tree, and uv's files.

@@ -117,6 +117,8 @@ pub struct Live {
     pub pool_misses: u64,
     /// Open sessions per mode (`script`, `kernel`).
     pub sessions: Vec<(String, usize)>,
+    /// Sandbox slots ready for a cold run.
+    pub ready_sandboxes: usize,
 }
 
 impl Metrics {
@@ -232,6 +234,9 @@ impl Metrics {
             sessions.get_or_create(&vec![("mode", mode.clone())]).set(*n as i64);
         }
         reg.register("sessions", "Open sessions, by mode", sessions);
+        let ready: Gauge = Gauge::default();
+        ready.set(live.ready_sandboxes as i64);
+        reg.register("ready_sandboxes", "Sandbox slots ready for a cold run (ready_sandboxes keeps them made)", ready);
 
         let mut text = String::new();
         // Writing to a String cannot fail.
@@ -268,6 +273,7 @@ mod tests {
             pool_hits: 7,
             pool_misses: 1,
             sessions: vec![("script".into(), 3), ("kernel".into(), 1)],
+            ready_sandboxes: 2,
         };
         let text = m.render(&live);
         for line in [
@@ -281,6 +287,7 @@ mod tests {
             "sandboxd_pool_hits_total 7",
             "sandboxd_pool_misses_total 1",
             r#"sandboxd_sessions{mode="kernel"} 1"#,
+            "sandboxd_ready_sandboxes 2",
             r#"sandboxd_run_setup_seconds_bucket{mode="cold",le="0.05"} 2"#,
             r#"sandboxd_run_execution_seconds_count{mode="cold"} 2"#,
             "sandboxd_egress_connections_total 1",

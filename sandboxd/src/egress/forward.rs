@@ -74,16 +74,24 @@ fn full(text: impl Into<Bytes>) -> Body {
     Full::new(text.into()).map_err(|e| match e {}).boxed()
 }
 
-/// A plain `http://` request of the sandbox's, to `target`.
-pub async fn plain(conn: &Arc<Conn>, target: Target, req: Request<Incoming>) -> Response<Body> {
+/// A plain `http://` request of the sandbox's, to `target` (over TLS for a
+/// package host's TLS port: [`super::plain`]).
+pub async fn plain(conn: &Arc<Conn>, upstreams: &Upstreams, target: Target, req: Request<Incoming>) -> Response<Body> {
     let shown = target.shown();
     let prepared = match prepare(conn, &target, req).await {
         Ok(p) => p,
         Err(why) => return conn.refuse(&shown, why),
     };
-    conn.reached(&shown, false);
-    let mut upstream = Upstream::default();
-    send(conn, &target, &mut upstream, prepared).await
+    conn.reached(&shown, target.tls);
+    let page = prepared.page.is_some();
+    // The connection to the host is kept for the connection's next request to it.
+    let upstream = upstreams.to(&shown);
+    let mut upstream = upstream.lock().await;
+    let answer = answer(conn, &target, &mut upstream, prepared).await;
+    match target.tls {
+        true => super::plain::answer(&conn.egress, &conn.tenant, answer, page),
+        false => answer,
+    }
 }
 
 /// Serve the requests inside a tunnel the proxy terminated (`stream`: the TLS
@@ -101,16 +109,7 @@ where
                 let shown = target.shown();
                 let answer = match prepare(&conn, &target, req).await {
                     Err(why) => conn.refuse(&shown, why),
-                    Ok(prepared) => {
-                        let mut upstream = upstream.lock().await;
-                        match from_cache(&conn, &target, &prepared).await {
-                            Some(cached) => cached,
-                            None => match from_pages(&conn, &target, &prepared) {
-                                Some(page) => page,
-                                None => send(&conn, &target, &mut upstream, prepared).await,
-                            },
-                        }
-                    }
+                    Ok(prepared) => answer(&conn, &target, &mut *upstream.lock().await, prepared).await,
                 };
                 Ok::<_, std::convert::Infallible>(answer)
             }
@@ -124,6 +123,18 @@ where
         .await;
     if let Err(e) = served {
         tracing::debug!(session_id = %conn.tenant.session, run_id = %conn.run_id, error = %e, "a looked-into egress connection ended with an error");
+    }
+}
+
+/// The answer to a prepared request: from the package cache, from the index's
+/// pages in memory, or from `target` itself.
+async fn answer(conn: &Arc<Conn>, target: &Target, upstream: &mut Upstream, prepared: Prepared) -> Response<Body> {
+    match from_cache(conn, target, &prepared).await {
+        Some(cached) => cached,
+        None => match from_pages(conn, target, &prepared) {
+            Some(page) => page,
+            None => send(conn, target, upstream, prepared).await,
+        },
     }
 }
 
@@ -279,6 +290,33 @@ fn hop_by_hop(headers: &HeaderMap) -> Vec<HeaderName> {
         }
     }
     names
+}
+
+/// The connections to real hosts a sandbox's connection's plain requests reuse,
+/// one per host and port, the last [`UPSTREAMS`] of them.
+#[derive(Default)]
+pub struct Upstreams(std::sync::Mutex<Vec<(String, Arc<tokio::sync::Mutex<Upstream>>)>>);
+
+/// The most connections to real hosts kept for one sandbox's connection.
+const UPSTREAMS: usize = 4;
+
+impl Upstreams {
+    /// The connection kept to `shown` (`host:port`), or a place for one.
+    fn to(&self, shown: &str) -> Arc<tokio::sync::Mutex<Upstream>> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = all.iter().position(|(s, _)| s == shown) {
+            let kept = all.remove(i);
+            let upstream = kept.1.clone();
+            all.push(kept);
+            return upstream;
+        }
+        if all.len() >= UPSTREAMS {
+            all.remove(0);
+        }
+        let upstream = Arc::new(tokio::sync::Mutex::new(Upstream::default()));
+        all.push((shown.to_string(), upstream.clone()));
+        upstream
+    }
 }
 
 /// The connection to the real host a tunnel's requests reuse.

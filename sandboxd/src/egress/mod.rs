@@ -32,6 +32,7 @@ mod conn;
 pub mod connect;
 mod forward;
 mod pages;
+pub mod plain;
 pub mod rules;
 pub mod secrets;
 mod serve;

@@ -229,6 +229,12 @@ impl Rewriter {
         Rewriter { layers, changed: false }
     }
 
+    /// A rewriter that makes each `from` its `to` (any case), and refuses nothing.
+    pub fn replacing(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Rewriter {
+        let pairs = pairs.into_iter().map(|(from, to)| Pair { from, to: Some(to), name: String::new() }).collect();
+        Rewriter::new(vec![pairs])
+    }
+
     /// Nothing to find.
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()

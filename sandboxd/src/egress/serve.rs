@@ -102,9 +102,10 @@ async fn connection(egress: Arc<Egress>, tenant: Arc<Tenant>, run_id: String, us
     let counted = Counted { inner: stream, usage };
     let service = {
         let conn = conn.clone();
+        let upstreams = Arc::new(forward::Upstreams::default());
         hyper::service::service_fn(move |req| {
-            let conn = conn.clone();
-            async move { Ok::<_, std::convert::Infallible>(handle(&conn, req).await) }
+            let (conn, upstreams) = (conn.clone(), upstreams.clone());
+            async move { Ok::<_, std::convert::Infallible>(handle(&conn, &upstreams, req).await) }
         })
     };
     let served = hyper::server::conn::http1::Builder::new()
@@ -125,7 +126,7 @@ async fn connection(egress: Arc<Egress>, tenant: Arc<Tenant>, run_id: String, us
     tracing::debug!(session_id = %conn.tenant.session, run_id = %conn.run_id, duration_ms = began.elapsed().as_millis() as u64, "egress connection closed");
 }
 
-async fn handle(conn: &Arc<Conn>, req: Request<Incoming>) -> Response<Body> {
+async fn handle(conn: &Arc<Conn>, upstreams: &forward::Upstreams, req: Request<Incoming>) -> Response<Body> {
     if req.method() == Method::CONNECT {
         return tunnel(conn, req).await;
     }
@@ -137,11 +138,13 @@ async fn handle(conn: &Arc<Conn>, req: Request<Incoming>) -> Response<Body> {
                 Ok(t) => t,
                 Err(why) => return conn.refuse(&shown, why),
             };
-            let target = match checked(conn, &host, port, false).await {
+            // A package host's TLS port: carried there over TLS ([`super::plain`]).
+            let tls = super::plain::carried(&conn.egress, &conn.tenant, &host, port);
+            let target = match checked(conn, &host, port, tls).await {
                 Ok(t) => t,
                 Err(why) => return conn.refuse(&shown, why),
             };
-            forward::plain(conn, target, req).await
+            forward::plain(conn, upstreams, target, req).await
         }
         (Some("https"), _) => conn.refuse(
             &req.uri().to_string(),

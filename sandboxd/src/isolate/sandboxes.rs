@@ -8,6 +8,7 @@ use super::slot::{self, HELPER_ARG};
 use super::supervise::{drive, launch, Baseline, Error, Outcome, Run, Started, Usage, PIDS_KEEP};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
@@ -21,15 +22,27 @@ fn helper_exe() -> PathBuf {
 pub struct Sandboxes {
     pub cgroups: cgroup::Cgroups,
     idle: Mutex<Vec<slot::Slot>>,
-    /// Slots made at start-up, before any run needs them.
+    /// Slots kept ready: made at start-up, and made again in the background when
+    /// runs take them or use them up ([`Sandboxes::refill`]).
     prewarm: usize,
     /// Most idle slots kept; more are made under load and removed afterwards.
     max_idle: usize,
+    /// A refill is under way (one at a time).
+    refilling: AtomicBool,
+    /// Shut down: no slot is made any more.
+    stopped: AtomicBool,
 }
 
 impl Sandboxes {
     pub fn new(cgroups: cgroup::Cgroups, prewarm: usize, max_idle: usize) -> Arc<Sandboxes> {
-        Arc::new(Sandboxes { cgroups, idle: Mutex::new(vec![]), prewarm, max_idle: max_idle.max(prewarm) })
+        Arc::new(Sandboxes {
+            cgroups,
+            idle: Mutex::new(vec![]),
+            prewarm,
+            max_idle: max_idle.max(prewarm),
+            refilling: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<slot::Slot>> {
@@ -47,41 +60,67 @@ impl Sandboxes {
 
     /// Make the start-up slots (in the background).
     pub fn prewarm(self: &Arc<Self>) {
+        self.refill();
+    }
+
+    /// Bring the ready slots back to `prewarm`, in the background: a run that
+    /// comes after one that took the last (or used its slot up: an install's, a
+    /// busy program's) finds one made, not ~15 ms of cgroup and helper to wait for.
+    fn refill(self: &Arc<Self>) {
+        let short = || self.lock().len() < self.prewarm && !self.stopped.load(Ordering::Acquire);
+        if !short() || self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let me = self.clone();
         tokio::spawn(async move {
-            for _ in 0..me.prewarm {
-                match me.new_slot().await {
-                    Ok(s) => me.lock().push(s),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not make a sandbox slot ahead of time");
-                        break;
+            loop {
+                while me.lock().len() < me.prewarm && !me.stopped.load(Ordering::Acquire) {
+                    match me.new_slot().await {
+                        Ok(s) if !me.stopped.load(Ordering::Acquire) => me.lock().push(s),
+                        Ok(s) => destroy(s).await,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not make a sandbox slot ahead of time");
+                            me.refilling.store(false, Ordering::Release);
+                            return;
+                        }
                     }
+                }
+                me.refilling.store(false, Ordering::Release);
+                // A take between the last check and the store found a refill under
+                // way and left it to this one.
+                let again = me.lock().len() < me.prewarm && !me.stopped.load(Ordering::Acquire);
+                if !again || me.refilling.swap(true, Ordering::AcqRel) {
+                    return;
                 }
             }
         });
     }
 
-    pub(super) async fn take(&self) -> Result<slot::Slot, Error> {
+    pub(super) async fn take(self: &Arc<Self>) -> Result<slot::Slot, Error> {
         loop {
             let popped = self.lock().pop();
             match popped {
                 Some(mut s) => {
                     if s.alive() {
+                        self.refill();
                         return Ok(s);
                     }
                     destroy(s).await;
                 }
-                None => return self.new_slot().await,
+                None => {
+                    self.refill();
+                    return self.new_slot().await;
+                }
             }
         }
     }
 
-    async fn give_back(&self, mut s: slot::Slot) {
+    async fn give_back(self: &Arc<Self>, mut s: slot::Slot) {
         // The cgroup's task peak cannot be reset: a slot that held more tasks than
         // a run may count over its own (a template's, a busy run's) is replaced, so
         // the next run there counts its own (see [`super::RunUsage::pids_peak`]).
         let spent = s.cg.pids_peak().is_some_and(|n| n > 1 + PIDS_KEEP);
-        if s.alive() && !spent {
+        if s.alive() && !spent && !self.stopped.load(Ordering::Acquire) {
             let mut idle = self.lock();
             if idle.len() < self.max_idle {
                 idle.push(s);
@@ -89,6 +128,7 @@ impl Sandboxes {
             }
         }
         destroy(s).await;
+        self.refill();
     }
 
     /// How many slots wait for runs.
@@ -98,6 +138,7 @@ impl Sandboxes {
 
     /// Remove every idle slot (daemon shutdown).
     pub async fn shutdown(&self) {
+        self.stopped.store(true, Ordering::Release);
         let slots: Vec<slot::Slot> = self.lock().drain(..).collect();
         for s in slots {
             destroy(s).await;
@@ -161,7 +202,7 @@ impl Sandboxes {
 
     /// After a run: kill whatever is left in the slot, read what the run used, and
     /// give the slot back.
-    async fn end(&self, slot: slot::Slot, baseline: &Baseline) -> Usage {
+    async fn end(self: &Arc<Self>, slot: slot::Slot, baseline: &Baseline) -> Usage {
         slot.cg.kill_except(slot.pid());
         let usage = baseline.usage(&slot.cg);
         self.give_back(slot).await;
@@ -169,7 +210,7 @@ impl Sandboxes {
     }
 
     /// Kill whatever is left in the slot and give it back.
-    pub(super) async fn release(&self, slot: slot::Slot) {
+    pub(super) async fn release(self: &Arc<Self>, slot: slot::Slot) {
         slot.cg.kill_except(slot.pid());
         self.give_back(slot).await;
     }

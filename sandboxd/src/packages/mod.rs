@@ -94,6 +94,9 @@ pub async fn install(ctx: &Context, lease: &Lease, packages: &[String]) -> Resul
     let request = serde_json::json!({
         "packages": packages,
         "index_url": policy.index_url,
+        // The same index, asked in plain HTTP that the proxy carries over TLS
+        // ([`crate::egress::plain`]): uv then never starts TLS.
+        "plain_index_url": net.as_ref().and_then(|n| crate::egress::plain::index_url(&n.tenant)),
         "only_binary": !policy.source_builds,
         "uv_seed": uv_seed,
     });

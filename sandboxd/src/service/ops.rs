@@ -314,6 +314,7 @@ impl Operations for Service {
             pool_hits: pool.hits,
             pool_misses: pool.misses,
             sessions: self.sessions.count_by_mode().into_iter().map(|(m, n)| (m.name().to_string(), n)).collect(),
+            ready_sandboxes: self.ctx.sandboxes.idle_slots(),
         }
     }
 
