@@ -134,10 +134,11 @@ print(wheel["url"].split("/packages/")[0])
 print(hashlib.sha256(get(wheel["url"], "*/*")).hexdigest() == wheel["hashes"]["sha256"])
 html = get("http://pypi.org:443/simple/six/", "text/html").decode()
 print(html.count('href="http://files.pythonhosted.org:443/packages/') > 10, "https://files.pythonhosted.org" in html)
-try:
-    get("http://files.pythonhosted.org:8443/packages/")
-except urllib.error.HTTPError as e:
-    print(e.code, e.read().decode().strip())
+for url in ("http://files.pythonhosted.org:8443/packages/", "http://pypi.org:66979/simple/"):
+    try:
+        get(url)
+    except urllib.error.HTTPError as e:
+        print(e.code, e.read().decode().strip())
 """
 
 
@@ -153,6 +154,8 @@ def test_the_package_hosts_are_reached_in_plain_http_that_the_proxy_carries_over
     lines = r["stdout"].splitlines()
     assert lines[:3] == ["http://files.pythonhosted.org:443", "True", "True False"], r
     assert lines[3].startswith("403 port_not_allowed: "), r
+    # A port that is none is not port 80.
+    assert lines[4] == "400 bad_request: 66979 is not a port (1 to 65535)", r
     hosts = r["usage"]["net"]["hosts"]
     assert "pypi.org:443" in hosts and "files.pythonhosted.org:443" in hosts, r["usage"]["net"]
 

@@ -76,7 +76,7 @@ fn full(text: impl Into<Bytes>) -> Body {
 
 /// A plain `http://` request of the sandbox's, to `target` (over TLS for a
 /// package host's TLS port: [`super::plain`]).
-pub async fn plain(conn: &Arc<Conn>, upstreams: &Upstreams, target: Target, req: Request<Incoming>) -> Response<Body> {
+pub async fn plain(conn: &Arc<Conn>, kept: &Kept, target: Target, req: Request<Incoming>) -> Response<Body> {
     let shown = target.shown();
     let prepared = match prepare(conn, &target, req).await {
         Ok(p) => p,
@@ -85,7 +85,7 @@ pub async fn plain(conn: &Arc<Conn>, upstreams: &Upstreams, target: Target, req:
     conn.reached(&shown, target.tls);
     let page = prepared.page.is_some();
     // The connection to the host is kept for the connection's next request to it.
-    let upstream = upstreams.to(&shown);
+    let upstream = kept.to(&shown);
     let mut upstream = upstream.lock().await;
     let answer = answer(conn, &target, &mut upstream, prepared).await;
     match target.tls {
@@ -292,30 +292,25 @@ fn hop_by_hop(headers: &HeaderMap) -> Vec<HeaderName> {
     names
 }
 
-/// The connections to real hosts a sandbox's connection's plain requests reuse,
-/// one per host and port, the last [`UPSTREAMS`] of them.
+/// The connection to a real host that a sandbox's connection's plain requests
+/// reuse while they go to that host: one, as a tunnel holds one (a request to
+/// another host closes it), so a sandbox holds no more connections out than it
+/// has in ([`super::MAX_CONNECTIONS`]).
 #[derive(Default)]
-pub struct Upstreams(std::sync::Mutex<Vec<(String, Arc<tokio::sync::Mutex<Upstream>>)>>);
+pub struct Kept(std::sync::Mutex<Option<(String, Arc<tokio::sync::Mutex<Upstream>>)>>);
 
-/// The most connections to real hosts kept for one sandbox's connection.
-const UPSTREAMS: usize = 4;
-
-impl Upstreams {
-    /// The connection kept to `shown` (`host:port`), or a place for one.
+impl Kept {
+    /// The connection kept to `shown` (`host:port`), or a place for one in its stead.
     fn to(&self, shown: &str) -> Arc<tokio::sync::Mutex<Upstream>> {
-        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = all.iter().position(|(s, _)| s == shown) {
-            let kept = all.remove(i);
-            let upstream = kept.1.clone();
-            all.push(kept);
-            return upstream;
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match &*kept {
+            Some((host, upstream)) if host == shown => upstream.clone(),
+            _ => {
+                let upstream = Arc::new(tokio::sync::Mutex::new(Upstream::default()));
+                *kept = Some((shown.to_string(), upstream.clone()));
+                upstream
+            }
         }
-        if all.len() >= UPSTREAMS {
-            all.remove(0);
-        }
-        let upstream = Arc::new(tokio::sync::Mutex::new(Upstream::default()));
-        all.push((shown.to_string(), upstream.clone()));
-        upstream
     }
 }
 

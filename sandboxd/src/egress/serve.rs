@@ -102,10 +102,10 @@ async fn connection(egress: Arc<Egress>, tenant: Arc<Tenant>, run_id: String, us
     let counted = Counted { inner: stream, usage };
     let service = {
         let conn = conn.clone();
-        let upstreams = Arc::new(forward::Upstreams::default());
+        let kept = Arc::new(forward::Kept::default());
         hyper::service::service_fn(move |req| {
-            let (conn, upstreams) = (conn.clone(), upstreams.clone());
-            async move { Ok::<_, std::convert::Infallible>(handle(&conn, &upstreams, req).await) }
+            let (conn, kept) = (conn.clone(), kept.clone());
+            async move { Ok::<_, std::convert::Infallible>(handle(&conn, &kept, req).await) }
         })
     };
     let served = hyper::server::conn::http1::Builder::new()
@@ -126,13 +126,24 @@ async fn connection(egress: Arc<Egress>, tenant: Arc<Tenant>, run_id: String, us
     tracing::debug!(session_id = %conn.tenant.session, run_id = %conn.run_id, duration_ms = began.elapsed().as_millis() as u64, "egress connection closed");
 }
 
-async fn handle(conn: &Arc<Conn>, upstreams: &forward::Upstreams, req: Request<Incoming>) -> Response<Body> {
+async fn handle(conn: &Arc<Conn>, kept: &forward::Kept, req: Request<Incoming>) -> Response<Body> {
     if req.method() == Method::CONNECT {
         return tunnel(conn, req).await;
     }
     match (req.uri().scheme_str(), req.uri().authority()) {
         (Some("http"), Some(authority)) => {
-            let port = authority.port_u16().unwrap_or(80);
+            // hyper reads a port past 65535 as none: it is not port 80.
+            let written = authority.as_str().rsplit_once(':').map(|(_, p)| p).filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+            let port = match (written, authority.port_u16()) {
+                (_, Some(port)) => port,
+                (None, None) => 80,
+                (Some(written), None) => {
+                    return conn.refuse(
+                        authority.host(),
+                        Refusal::new(code::BAD_REQUEST, format!("{written} is not a port (1 to 65535)")),
+                    )
+                }
+            };
             let shown = format!("{}:{port}", authority.host());
             let (host, port) = match target_of(authority.host(), port) {
                 Ok(t) => t,
@@ -144,7 +155,7 @@ async fn handle(conn: &Arc<Conn>, upstreams: &forward::Upstreams, req: Request<I
                 Ok(t) => t,
                 Err(why) => return conn.refuse(&shown, why),
             };
-            forward::plain(conn, upstreams, target, req).await
+            forward::plain(conn, kept, target, req).await
         }
         (Some("https"), _) => conn.refuse(
             &req.uri().to_string(),

@@ -18,6 +18,10 @@ fn helper_exe() -> PathBuf {
     PathBuf::from("/proc/self/exe")
 }
 
+/// How long no slot is made ahead after making one failed (each run would
+/// otherwise try again, and say so).
+const REFILL_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Makes sandboxes in reusable slots ([`slot`]), keeping some ready.
 pub struct Sandboxes {
     pub cgroups: cgroup::Cgroups,
@@ -29,6 +33,8 @@ pub struct Sandboxes {
     max_idle: usize,
     /// A refill is under way (one at a time).
     refilling: AtomicBool,
+    /// When a refill last failed: none is tried for [`REFILL_PAUSE`] after.
+    refill_failed: Mutex<Option<Instant>>,
     /// Shut down: no slot is made any more.
     stopped: AtomicBool,
 }
@@ -41,6 +47,7 @@ impl Sandboxes {
             prewarm,
             max_idle: max_idle.max(prewarm),
             refilling: AtomicBool::new(false),
+            refill_failed: Mutex::new(None),
             stopped: AtomicBool::new(false),
         })
     }
@@ -67,19 +74,36 @@ impl Sandboxes {
     /// comes after one that took the last (or used its slot up: an install's, a
     /// busy program's) finds one made, not ~15 ms of cgroup and helper to wait for.
     fn refill(self: &Arc<Self>) {
-        let short = || self.lock().len() < self.prewarm && !self.stopped.load(Ordering::Acquire);
-        if !short() || self.refilling.swap(true, Ordering::AcqRel) {
+        let paused = { *self.refill_failed.lock().unwrap_or_else(|p| p.into_inner()) }
+            .is_some_and(|at| at.elapsed() < REFILL_PAUSE);
+        if paused || !self.short() || self.refilling.swap(true, Ordering::AcqRel) {
             return;
         }
         let me = self.clone();
         tokio::spawn(async move {
             loop {
-                while me.lock().len() < me.prewarm && !me.stopped.load(Ordering::Acquire) {
+                while me.short() {
                     match me.new_slot().await {
-                        Ok(s) if !me.stopped.load(Ordering::Acquire) => me.lock().push(s),
-                        Ok(s) => destroy(s).await,
+                        Ok(s) => {
+                            // Kept only while still short (runs give slots back
+                            // meanwhile) and not shut down.
+                            let extra = {
+                                let mut idle = me.lock();
+                                match idle.len() < me.prewarm && !me.stopped.load(Ordering::Acquire) {
+                                    true => {
+                                        idle.push(s);
+                                        None
+                                    }
+                                    false => Some(s),
+                                }
+                            };
+                            if let Some(s) = extra {
+                                destroy(s).await;
+                            }
+                        }
                         Err(e) => {
-                            tracing::warn!(error = %e, "could not make a sandbox slot ahead of time");
+                            tracing::warn!(error = %e, pause_s = REFILL_PAUSE.as_secs(), "could not make a sandbox slot ahead of time");
+                            *me.refill_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
                             me.refilling.store(false, Ordering::Release);
                             return;
                         }
@@ -88,12 +112,16 @@ impl Sandboxes {
                 me.refilling.store(false, Ordering::Release);
                 // A take between the last check and the store found a refill under
                 // way and left it to this one.
-                let again = me.lock().len() < me.prewarm && !me.stopped.load(Ordering::Acquire);
-                if !again || me.refilling.swap(true, Ordering::AcqRel) {
+                if !me.short() || me.refilling.swap(true, Ordering::AcqRel) {
                     return;
                 }
             }
         });
+    }
+
+    /// Fewer slots ready than `prewarm`, and not shut down.
+    fn short(&self) -> bool {
+        self.lock().len() < self.prewarm && !self.stopped.load(Ordering::Acquire)
     }
 
     pub(super) async fn take(self: &Arc<Self>) -> Result<slot::Slot, Error> {
