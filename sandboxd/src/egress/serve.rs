@@ -133,7 +133,8 @@ async fn handle(conn: &Arc<Conn>, kept: &forward::Kept, req: Request<Incoming>) 
     match (req.uri().scheme_str(), req.uri().authority()) {
         (Some("http"), Some(authority)) => {
             // hyper reads a port past 65535 as none: it is not port 80.
-            let written = authority.as_str().rsplit_once(':').map(|(_, p)| p).filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+            let written = authority.as_str().rsplit_once(':').map(|(_, p)| p);
+            let written = written.filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
             let port = match (written, authority.port_u16()) {
                 (_, Some(port)) => port,
                 (None, None) => 80,
