@@ -89,7 +89,7 @@ impl Sandboxes {
                             // meanwhile) and not shut down.
                             let extra = {
                                 let mut idle = me.lock();
-                                match idle.len() < me.prewarm && !me.stopped.load(Ordering::Acquire) {
+                                match me.wants(idle.len()) {
                                     true => {
                                         idle.push(s);
                                         None
@@ -121,7 +121,12 @@ impl Sandboxes {
 
     /// Fewer slots ready than `prewarm`, and not shut down.
     fn short(&self) -> bool {
-        self.lock().len() < self.prewarm && !self.stopped.load(Ordering::Acquire)
+        self.wants(self.lock().len())
+    }
+
+    /// Whether, with `ready` slots idle, one more is wanted.
+    fn wants(&self, ready: usize) -> bool {
+        ready < self.prewarm && !self.stopped.load(Ordering::Acquire)
     }
 
     pub(super) async fn take(self: &Arc<Self>) -> Result<slot::Slot, Error> {
