@@ -50,7 +50,8 @@ def test_a_pool_whose_templates_cannot_start_is_reported(fresh_daemon):
                  "its Python runs use cold sandboxes",
         "fix": POOL_FIX,
     }], h
-    assert h["pool"]["failures"] >= 1 and h["pool"]["ready"] == 0
+    # Its bare templates (pool/tier.rs), which import nothing, may fit; none of its own does.
+    assert h["pool"]["failures"] >= 1 and h["pool"]["ready_by_policy"].get("default", 0) == 0
     assert "could not start a pooled sandbox" in d.log_text()
 
 

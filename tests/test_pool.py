@@ -15,7 +15,12 @@ from conftest import new_session, stream_run
 from test_api import END_OF_RUN, check_end_of_run
 from test_security import PRELUDE
 
-PRELOADED = "import sys\nprint(json.dumps(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot') if m in sys.modules)))\n"
+# Code that names a module outside the standard library (`tabulate`, which it never
+# imports) goes to one of its policy's own templates, which hold the preloads; code
+# that imports only the standard library goes to a bare one (pool/tier.rs).
+OWN = "if False: import tabulate\n"
+# Which of the default policy's preloads the run's interpreter holds.
+PRELOADED = OWN + "import sys\nprint(json.dumps(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot') if m in sys.modules)))\n"
 
 
 def pooled_run(daemon, code, **fields):
@@ -65,6 +70,31 @@ os.mkdir("sub")
     for name in ("out.txt", "sub"):
         st = os.stat(data / name)
         assert (st.st_uid, st.st_gid) == (uid, uid), name
+
+
+def test_code_that_imports_only_the_standard_library_runs_in_a_bare_template(daemon):
+    # Both are pooled (the pool's hit counter); only the code that imports beyond the
+    # standard library gets the policy's preloads, and a bare fork imports what it
+    # asks for as a cold interpreter would.
+    daemon.wait_pool_ready("default/bare")
+    look = "import json, sys\nprint(json.dumps(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot') if m in sys.modules)))\n"
+    assert json.loads(pooled_run(daemon, look)["stdout"]) == []
+    assert json.loads(pooled_run(daemon, OWN + look)["stdout"]) == ["matplotlib.pyplot", "numpy", "pandas"]
+    r = pooled_run(daemon, "import json, sys\nprint('numpy' in sys.modules)\n__import__('numpy')\nprint('numpy' in sys.modules)")
+    assert r["stdout"] == "True\nTrue\n", r  # a computed import goes to the policy's own
+    r = pooled_run(daemon, "import importlib, sys\nprint('numpy' in sys.modules)\nprint(importlib.import_module('numpy').__name__)")
+    assert r["stdout"] == "True\nnumpy\n", r
+    # A bare fork is a sandbox like any other: the same limits, workspace and report.
+    r = pooled_run(daemon, "import os, resource\nprint(os.getcwd(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\nraise SystemExit(4)")
+    assert (r["status"], r["exit_code"], r["stdout"]) == ("error", 4, "/mnt/data 1024\n"), r
+
+
+def test_the_pools_standard_library_list_is_the_rootfs_pythons(daemon):
+    # pool/tier.rs sends code to a bare template by this list; a rootfs with another
+    # Python needs it refreshed (print(*sorted(sys.stdlib_module_names), sep="\n")).
+    listed = (Path(__file__).resolve().parents[1] / "sandboxd/src/pool/stdlib.txt").read_text().split()
+    r = daemon.run("import sys\nprint(*sorted(sys.stdlib_module_names), sep='\\n')")
+    assert r["stdout"].split() == listed
 
 
 def test_a_pooled_run_reports_like_a_cold_one(daemon):
@@ -122,8 +152,10 @@ open("/tmp/mark", "w").write("x")
 def test_one_template_serves_run_after_run_each_in_a_fresh_sandbox(fresh_daemon):
     d = fresh_daemon(args=["--pool-size", "1"])
     d.wait_pool_ready()
+    d.wait_pool_ready("default/bare")
+    # One of the policy's own (FRESH imports numpy) and one bare template.
     template = template_pids(d)
-    assert len(template) == 1
+    assert len(template) == 2
     outs = [json.loads(pooled_run(d, FRESH)["stdout"]) for _ in range(4)]
     assert [o["pid"] for o in outs] == [2] * 4 and [o["tmp"] for o in outs] == [[]] * 4
     # Each fork has its own randomness, numpy's global generator included.
@@ -248,7 +280,7 @@ def test_under_load_the_pool_gives_way_to_cold_sandboxes(fresh_daemon):
     d.wait_pool_ready()
     # Runs far longer than a cold sandbox's extra cost: the others cannot queue for
     # the busy template (they wait at most that long, then build cold sandboxes).
-    code = "import os, sys, time\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\ntime.sleep(3)\nprint('pandas' in sys.modules)"
+    code = OWN + "import os, sys, time\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\ntime.sleep(3)\nprint('pandas' in sys.modules)"
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
         results = list(ex.map(lambda _: d.run(code), range(8)))
     assert [r["status"] for r in results] == ["ok"] * 8, results
@@ -260,7 +292,7 @@ def test_under_load_the_pool_gives_way_to_cold_sandboxes(fresh_daemon):
     d.assert_clean()
 
 
-SHORT = "import os, sys\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\nprint('pandas' in sys.modules)"
+SHORT = OWN + "import os, sys\nassert not os.path.exists('/tmp/mark')\nopen('/tmp/mark', 'w')\nprint('pandas' in sys.modules)"
 
 
 def burst(d, n, code=SHORT):
@@ -286,41 +318,45 @@ def test_a_burst_of_short_runs_waits_for_the_template_instead_of_building_cold_s
 def test_the_pool_grows_with_demand_and_shrinks_back_when_it_falls_off(fresh_daemon):
     d = fresh_daemon(args=["--pool-size", "1", "--pool-idle-s", "10"])
     d.wait_pool_ready()
-    assert d.pool()["templates"] == 1
+    d.wait_pool_ready("default/bare")
+    # One of the policy's own, and one bare that this test's runs leave alone.
+    assert d.pool()["templates"] == 2
     # Four runs at once, each long enough that the others find the template busy.
     burst(d, 4, code=SHORT + "\nimport time\ntime.sleep(0.3)")
     # Four were wanted at once: the pool grows to four (one at a time, in the
     # background; the peak holds 10 s)...
     grown = d.wait_pool_ready(count=4, timeout=10)
-    assert grown["templates"] == 4 and grown["memory_held_bytes"] <= grown["memory_budget_bytes"], grown
+    assert grown["templates"] == 5 and grown["memory_held_bytes"] <= grown["memory_budget_bytes"], grown
     # ...then, with nothing asked of it, gives one back every 10 s, down to its size.
     deadline = time.time() + 120
-    while d.pool()["templates"] > 1:
+    while d.pool()["templates"] > 2:
         assert time.time() < deadline, d.pool()
         time.sleep(0.2)
     pool = d.pool()
-    assert (pool["templates"], pool["ready"], pool["failures"]) == (1, 1, 0), pool
+    assert (pool["templates"], pool["ready"], pool["failures"]) == (2, 2, 0), pool
     assert "the pool shrinks" in d.log_text()
     d.assert_clean()
 
 
 def test_the_pool_never_holds_more_than_its_memory_budget(fresh_daemon):
     # A budget the size asked for cannot fit: four interpreters with pandas,
-    # numpy and matplotlib imported hold well over 50 MiB each.
+    # numpy and matplotlib imported hold well over 50 MiB each (the policy's bare
+    # templates, four of them, hold far less: they share the budget).
     d = fresh_daemon(args=["--pool-size", "4", "--pool-memory-mb", "200"])
     d.wait_pool_ready(count=1)
     time.sleep(8)  # the refill has had time for the others, had they fitted
     pool = d.pool()
+    own = pool["ready_by_policy"].get("default", 0)
     assert pool["memory_budget_bytes"] == 200 << 20
-    assert 1 <= pool["templates"] < 4 and pool["memory_held_bytes"] <= pool["memory_budget_bytes"], pool
+    assert 1 <= own < 4 and pool["memory_held_bytes"] <= pool["memory_budget_bytes"], pool
     # No more would fit, at the footprint the pool measured.
-    assert pool["memory_held_bytes"] * (pool["templates"] + 1) // pool["templates"] > pool["memory_budget_bytes"], pool
+    assert pool["memory_budget_bytes"] - pool["memory_held_bytes"] < 50 << 20, pool
     # What the idle templates really hold stays within it too.
     assert pool["memory_bytes"] <= pool["memory_budget_bytes"], pool
     # Runs are still served by the templates there are.
     results = burst(d, 3)
     assert all(r["stdout"] == "True\n" for r in results)
-    assert d.pool()["templates"] < 4
+    assert d.pool()["ready_by_policy"].get("default", 0) < 4
     d.assert_clean()
 
 

@@ -75,8 +75,10 @@ def test_sessions_made_while_others_close_stay_in_their_uid_range(fresh_daemon):
     gets a uid of the sessions' range, never a template's, or a 429."""
     d = fresh_daemon(args=["--max-sessions", "2", "--pool-size", "1"])
     d.wait_pool_ready()
+    d.wait_pool_ready("default/bare")
+    # The pool's first two uids: one of the policy's own templates and one bare.
     pool_uids = template_uids(d)
-    assert pool_uids == {d.uid_base + 2}, pool_uids
+    assert pool_uids == {d.uid_base + 2, d.uid_base + 3}, pool_uids
     with d.http() as c:
         live = [new_session(c), new_session(c)]
     answers = []
@@ -367,8 +369,9 @@ def test_a_restart_with_fewer_sessions_keeps_the_pool_off_the_recovered_sessions
     d.args = ["--max-sessions", "2", "--pool-size", "1"]
     d.start()
     d.wait_pool_ready()
+    d.wait_pool_ready("default/bare")
     pool = template_uids(d)
-    assert pool == {d.uid_base + 5}, (pool, uids)
+    assert pool == {d.uid_base + 5, d.uid_base + 6}, (pool, uids)
     with d.http() as c:
         assert set(sids) <= {s["id"] for s in c.get("/v1/sessions").json()}
         # No new session: all uids of the (lowered) range are held.
@@ -408,7 +411,8 @@ def test_a_restart_with_a_lower_uid_base_checks_every_uid_it_still_uses():
         subprocess.run(["groupdel", group], check=True)
         d.start()
         d.wait_pool_ready()
-        assert template_uids(d) == {low + 301}
+        d.wait_pool_ready("default/bare")
+        assert template_uids(d) == {low + 301, low + 302}
         with d.http() as c:
             assert sid in {s["id"] for s in c.get("/v1/sessions").json()}
     finally:

@@ -50,6 +50,7 @@
 pub mod demand;
 mod refill;
 mod state;
+pub mod tier;
 
 use crate::isolate::message::RunCode;
 use crate::isolate::{self, PooledTemplate, Sandboxes};
@@ -167,7 +168,14 @@ impl Pool {
         uids: std::ops::Range<u32>,
     ) -> Arc<Pool> {
         let size = if library.is_some() { size } else { 0 };
-        let state = State { wanted: vec!["default".into()], idle_hold, ..State::default() };
+        // Each policy with a preload has a bare tier beside it ([`tier`]).
+        let mut policies = policies;
+        let bare: Vec<Policy> = policies.values().filter_map(|p| tier::bare_of(p)).collect();
+        policies.extend(bare.into_iter().map(|b| (b.name.clone(), Arc::new(b))));
+        // The default policy's templates from the start: its bare ones first, which
+        // start in a few milliseconds.
+        let wanted = tier::both("default").into_iter().filter(|w| policies.contains_key(w)).collect();
+        let state = State { wanted, idle_hold, ..State::default() };
         let pool = Arc::new(Pool {
             sandboxes,
             library,
@@ -193,6 +201,17 @@ impl Pool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The policy whose templates serve a Python run of `code` under `policy`:
+    /// its bare tier when the code imports only the standard library and the
+    /// policy has one ([`tier`]), else `policy` itself. The run is served under
+    /// what this returns ([`Pool::take`], [`Pool::serve`]); its limits are the same.
+    pub fn tier(&self, policy: &Arc<Policy>, code: &str) -> Arc<Policy> {
+        if policy.preload.is_empty() || tier::wants_preload(code) {
+            return policy.clone();
+        }
+        self.policies.get(&tier::bare_name(&policy.name)).cloned().unwrap_or_else(|| policy.clone())
     }
 
     /// An idle template for `policy`, and when it was taken; or None (the run then
@@ -255,8 +274,11 @@ impl Pool {
                 dead.push(t);
             }
             st.failures += dead.len() as u64;
-            if !st.wanted.iter().any(|w| w == policy) && self.policies.contains_key(policy) {
-                st.wanted.push(policy.into());
+            // Both tiers of the policy are kept from its first run, whichever it took.
+            for key in tier::both(policy) {
+                if !st.wanted.contains(&key) && self.policies.contains_key(&key) {
+                    st.wanted.push(key);
+                }
             }
             let ahead = st.waiting(policy);
             // Templates wanted at once. A run that finds one idle: those serving runs

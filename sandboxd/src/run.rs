@@ -181,8 +181,11 @@ pub async fn execute(
     tracing::info!(run_id = %run_id, session_id = %lease.id, language = ?req.language, "run started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "run code");
     let take_began = std::time::Instant::now();
+    // The templates that serve it: the policy's own, or its bare ones for code that
+    // imports only the standard library (pool/tier.rs). Same limits either way.
+    let tier = ctx.pool.tier(policy, &req.code);
     let pooled = match req.language {
-        Language::Python => ctx.pool.take(&policy.name, lease.cancel.clone()).await,
+        Language::Python => ctx.pool.take(&tier.name, lease.cancel.clone()).await,
         Language::Shell => None,
     };
     let pool_wait = take_began.elapsed();
@@ -200,7 +203,7 @@ pub async fn execute(
     let served = match pooled {
         Some(template) => {
             let served =
-                ctx.pool.serve(template, policy, &job, &run.bounds(), chunks.clone(), lease.cancel.clone()).await;
+                ctx.pool.serve(template, &tier, &job, &run.bounds(), chunks.clone(), lease.cancel.clone()).await;
             match served {
                 Ok(outcome) => {
                     mode = metrics::Mode::Pooled;
