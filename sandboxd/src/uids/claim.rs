@@ -34,8 +34,9 @@ use std::time::Duration;
 const PREFIX: &str = "sandboxd-uids/";
 /// The longest abstract socket name (`sun_path` less its leading NUL).
 const NAME_MAX: usize = 107;
-/// How often the claim's thread takes (and drops) the connections other daemons
-/// made to check it, and how long a check waits on a full backlog in all.
+/// How long a check waits between tries on a full backlog (the claim's thread
+/// takes each connection as it comes), and in all; and how long the claim's thread
+/// waits before it accepts again after an error (no fd left, say).
 const ACCEPT_EVERY: Duration = Duration::from_millis(20);
 const CHECK_PATIENCE: Duration = Duration::from_millis(500);
 
@@ -60,12 +61,16 @@ pub enum Error {
 pub struct Claim {
     name: String,
     stop: Arc<AtomicBool>,
+    /// Shared with the thread that waits in `accept` on it: shut down to wake it.
+    listener: Arc<UnixListener>,
     accepter: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // A listening socket shut down wakes its `accept`, which then fails.
+        let _ = socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&*self.listener), socket::Shutdown::Both);
         if let Some(t) = self.accepter.take() {
             let _ = t.join();
         }
@@ -88,11 +93,13 @@ pub fn claim(spans: &[Range<u32>]) -> Result<Claim, Error> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
+    let listener = Arc::new(listener);
+    let theirs = listener.clone();
     let accepter = std::thread::Builder::new()
         .name("uid-claim".into())
-        .spawn(move || accept_until(listener, &stopped))
+        .spawn(move || accept_until(&theirs, &stopped))
         .map_err(|source| Error::Bind { name: name.clone(), ours: ours.clone(), source })?;
-    Ok(Claim { name, stop, accepter: Some(accepter) })
+    Ok(Claim { name, stop, listener, accepter: Some(accepter) })
 }
 
 impl Claim {
@@ -108,7 +115,7 @@ fn bind(ours: &[Range<u32>]) -> Result<(String, UnixListener), Error> {
     for _ in 0..8 {
         let name = name(&nonce(), ours);
         let bound = SocketAddr::from_abstract_name(name.as_bytes()).and_then(|a| UnixListener::bind_addr(&a));
-        match bound.and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+        match bound {
             Ok(l) => return Ok((name, l)),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some((name, e)),
             Err(source) => return Err(Error::Bind { name, ours: ours.to_vec(), source }),
@@ -118,11 +125,15 @@ fn bind(ours: &[Range<u32>]) -> Result<(String, UnixListener), Error> {
     Err(Error::Bind { name, ours: ours.to_vec(), source })
 }
 
-/// Take the connections other daemons make to check this claim, and drop them.
-fn accept_until(listener: UnixListener, stop: &AtomicBool) {
+/// Take the connections other daemons make to check this claim, and drop them:
+/// asleep in `accept` in between (an idle daemon wakes for nothing), until the
+/// claim is dropped.
+fn accept_until(listener: &UnixListener, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) if stop.load(Ordering::Relaxed) => return,
             Err(_) => std::thread::sleep(ACCEPT_EVERY),
         }
     }
