@@ -80,12 +80,22 @@ impl Facts {
                 "restart sandboxd (it makes its cgroup directories at start), and keep other tools from removing them",
             ));
         }
-        for (policy, error) in &self.pool_start_errors {
-            out.push(problem(
-                "pool",
-                format!("pooled sandboxes of policy `{policy}` fail to start ({error}); its Python runs use cold sandboxes"),
-                "see the daemon's log for `could not start a pooled sandbox`; check the policy's memory_mb, pids and preload",
-            ));
+        for (key, error) in &self.pool_start_errors {
+            out.push(match crate::pool::tier::split(key) {
+                (policy, true) => problem(
+                    "pool",
+                    format!(
+                        "the bare pooled sandboxes of policy `{policy}` (for code that imports only the standard \
+                         library) fail to start ({error}); those runs use cold sandboxes"
+                    ),
+                    "see the daemon's log for `could not start a pooled sandbox`; check the policy's memory_mb and pids",
+                ),
+                (policy, false) => problem(
+                    "pool",
+                    format!("pooled sandboxes of policy `{policy}` fail to start ({error}); its Python runs use cold sandboxes"),
+                    "see the daemon's log for `could not start a pooled sandbox`; check the policy's memory_mb, pids and preload",
+                ),
+            });
         }
         for item in self.host.iter().filter(|i| i.status == Status::Fail) {
             out.push(Problem {
@@ -144,6 +154,20 @@ mod tests {
         assert_eq!(p[0].found, "the rootfs is not mounted at /var/lib/sandboxd/mnt/rootfs: no sandbox can start");
         assert!(p[2].found.starts_with("pooled sandboxes of policy `default` fail to start (bang)"), "{:?}", p[2]);
         assert_eq!((p[4].found.as_str(), p[4].fix.as_str()), ("12 MiB free", "free some"));
+    }
+
+    #[test]
+    fn a_bare_tier_that_fails_is_named_by_its_policy() {
+        let mut f = healthy();
+        f.pool_start_errors.insert("default/bare".into(), "oom".into());
+        let p = f.problems();
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            p[0].found,
+            "the bare pooled sandboxes of policy `default` (for code that imports only the standard library) fail to \
+             start (oom); those runs use cold sandboxes"
+        );
+        assert!(!p[0].fix.contains("preload"), "{:?}", p[0]);
     }
 
     #[test]

@@ -24,16 +24,17 @@ impl Pool {
         let now = tokio::time::Instant::now();
         let wanted = st.wanted.clone();
         let fits = |st: &State, w: &str| demand::fits(st.held_bytes(), st.footprint(w), self.memory_budget);
-        // Every policy in use up to `size` first, the one with the fewest first (its
-        // first template whatever the budget says: an unmeasured policy is only
-        // guessed at), then growth with demand.
+        // Every policy in use up to `size` first, the one with the fewest first but
+        // after those whose last start failed (one that keeps failing must not hold
+        // up the others' refill), its first template whatever the budget says (an
+        // unmeasured policy is only guessed at); then growth with demand.
         let below_size = wanted
             .iter()
             .filter(|w| {
                 let count = st.count(w);
                 count < self.size && (count == 0 || fits(&st, w))
             })
-            .min_by_key(|w| st.count(w));
+            .min_by_key(|w| (st.start_errors.contains_key(*w), st.count(w)));
         let short = match below_size {
             Some(w) => w.clone(),
             None => {

@@ -37,6 +37,18 @@ pub fn bare_name(policy: &str) -> String {
     format!("{policy}{BARE}")
 }
 
+/// The policy a pool key is of, and whether the key is its bare tier's.
+pub fn split(key: &str) -> (&str, bool) {
+    match key.strip_suffix(BARE) {
+        Some(own) => (own, true),
+        None => (key, false),
+    }
+}
+
+/// Code longer than this is not read for its imports: it goes to the policy's own
+/// templates (a policy may allow far more code than any import list needs reading).
+const SCAN_MAX: usize = 1 << 20;
+
 /// The keys of a policy's two tiers, from either: its bare tier's first (its
 /// templates start in milliseconds), then its own.
 pub fn both(key: &str) -> [String; 2] {
@@ -53,6 +65,9 @@ pub fn bare_of(policy: &Policy) -> Option<Policy> {
 /// Whether `code` may use what a preloading template imported: it imports by
 /// name a module outside the standard library, or imports by a computed name.
 pub fn wants_preload(code: &str) -> bool {
+    if code.len() > SCAN_MAX {
+        return true;
+    }
     let stdlib = stdlib();
     let words = Words::new(code).collect::<Vec<_>>();
     if words.iter().any(|w| matches!(w, Token::Word("__import__" | "import_module"))) {
@@ -220,6 +235,8 @@ mod tests {
             // Leaning to the preload: a comment and a string count.
             "# import pandas\nprint(1)",
             "print('import numpy')",
+            // Past what is read for imports.
+            &format!("print(1)\n{}", "#".repeat(SCAN_MAX)),
         ] {
             assert!(wants_preload(code), "{code}");
         }
@@ -234,6 +251,8 @@ mod tests {
         assert!(bare_of(&Policy { preload: vec![], ..policy }).is_none());
         assert_eq!(both("default"), ["default/bare", "default"]);
         assert_eq!(both("default/bare"), ["default/bare", "default"]);
+        assert_eq!(split("default/bare"), ("default", true));
+        assert_eq!(split("default"), ("default", false));
     }
 
     #[test]
