@@ -183,13 +183,13 @@ pub async fn execute(
     let take_began = std::time::Instant::now();
     // The templates that serve it: the policy's own, or its bare ones for code that
     // imports only the standard library (pool/tier.rs). Same limits either way.
-    let tier = match req.language {
-        Language::Python => ctx.pool.tier(policy, &req.code),
-        Language::Shell => policy.clone(),
-    };
-    let pooled = match req.language {
-        Language::Python => ctx.pool.take(&tier.name, lease.cancel.clone()).await,
-        Language::Shell => None,
+    let (tier, pooled) = match req.language {
+        Language::Python => {
+            let tier = ctx.pool.tier(policy, &req.code);
+            let taken = ctx.pool.take(&tier.name, lease.cancel.clone()).await;
+            (tier, taken)
+        }
+        Language::Shell => (policy.clone(), None),
     };
     let pool_wait = take_began.elapsed();
     let mut mode = metrics::Mode::Cold;

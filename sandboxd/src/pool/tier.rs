@@ -52,7 +52,7 @@ const SCAN_MAX: usize = 1 << 20;
 /// The keys of a policy's two tiers, from either: its bare tier's first (its
 /// templates start in milliseconds), then its own.
 pub fn both(key: &str) -> [String; 2] {
-    let own = key.strip_suffix(BARE).unwrap_or(key);
+    let (own, _) = split(key);
     [bare_name(own), own.to_string()]
 }
 
