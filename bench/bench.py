@@ -123,6 +123,94 @@ def throughput(run, sessions, total=160):
     return per * len(sessions) / (time.perf_counter() - t)
 
 
+def metric_sums(daemon):
+    """{(name, labels): value} of the `_sum` and `_count` samples of the daemon's
+    /metrics (labels as the text has them)."""
+    with daemon.uds() as c:
+        text = c.get("/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        name, _, labels = key.partition("{")
+        if name.endswith(("_sum", "_count")):
+            out[(name, labels.rstrip("}"))] = float(value)
+    return out
+
+
+# The parts of a pooled run's time the daemon measures (`/metrics`), by histogram
+# and labels; what they leave of the run's time in the daemon is its own work.
+PHASES = [
+    ("waiting for a template", "sandboxd_run_queue_wait_seconds", 'mode="pooled"'),
+    ("workspace walk before", "sandboxd_run_workspace_walk_seconds", 'mode="pooled",when="before"'),
+    ("attaching the workspace", "sandboxd_run_setup_seconds", 'mode="pooled"'),
+    ("the program", "sandboxd_run_execution_seconds", 'mode="pooled"'),
+    ("workspace walk after", "sandboxd_run_workspace_walk_seconds", 'mode="pooled",when="after"'),
+]
+
+
+def phases(daemon, run, pool_full, runs):
+    """Where a pooled run's time goes, as means in ms over `runs` sequential runs
+    (each on a full pool): the client's wall time, the daemon's whole time
+    (`sandboxd_run_handling_seconds`) and its phases from /metrics."""
+    walls = []
+    before = metric_sums(daemon)
+    for _ in range(runs):
+        pool_full()
+        t = time.perf_counter()
+        run()
+        walls.append((time.perf_counter() - t) * 1000)
+    after = metric_sums(daemon)
+
+    def mean(name, labels=""):
+        n = after.get((f"{name}_count", labels), 0) - before.get((f"{name}_count", labels), 0)
+        total = after.get((f"{name}_sum", labels), 0) - before.get((f"{name}_sum", labels), 0)
+        return total / n * 1000 if n else float("nan")
+
+    out = {"client wall time": statistics.mean(walls), "in the daemon": mean("sandboxd_run_handling_seconds")}
+    for label, name, labels in PHASES:
+        out[label] = mean(name, labels)
+    return out
+
+
+# A new kernel session's first cell, which uses pandas: the session made and the
+# cell run, both timed, as a user meets it.
+FIRST_CELL = "import pandas as pd\nprint(len(pd.DataFrame({'a': [1, 2]})))"
+
+
+def first_cells(bare, cold, pooled, pool_full, runs):
+    """A new kernel session and its first cell (`FIRST_CELL`), on the daemon with
+    the pool off (the kernel's interpreter starts cold and imports pandas) and on
+    the pooled one (the kernel starts in a fork of a template that imported it),
+    against the same code in a bare Python. Sessions are closed between rounds,
+    untimed."""
+    made = []
+
+    def first(client_api):
+        client, api = client_api
+        sid = client.post("/v1/sessions", json={"mode": "kernel"}).json()["id"]
+        made.append((client, sid))
+        Build.run(FIRST_CELL, api, sid)
+
+    def before():
+        while made:
+            client, sid = made.pop()
+            client.delete(f"/v1/sessions/{sid}")
+        pool_full()
+
+    name = "first pandas cell"
+    systems = [
+        (f"{name}: python, no isolation (baseline)", lambda: check([*bare, FIRST_CELL], b"2\n")),
+        (f"{name}: sandboxd cold", lambda: first(cold)),
+        (f"{name}: sandboxd pooled", lambda: first(pooled)),
+    ]
+    try:
+        return interleaved(systems, max(5, runs // 4), before=before)
+    finally:
+        before()
+
+
 def seccomp_load(loads=400):
     """What loading the seccomp filter costs a process, against a one-instruction
     allow-all filter, in one run (`sandboxd __seccomp-load-bench`: the daemon's
@@ -235,6 +323,8 @@ def main():
                 late = {f"{workload}: sandboxd pooled": 1, f"{workload}: sandboxd kernel session": 2}
                 results += sorted(measured.items(), key=lambda item: late.get(item[0], 0))
             results += interleaved([("isolation only: shell `true` via sandboxd", lambda: cold_run("true", "shell"))], args.runs)
+            results += first_cells(bare, (cold_c, cold_api), (c, api), pool_full, args.runs)
+            extra["pooled_phases"] = phases(daemon, lambda: api_run("print(1)"), pool_full, args.runs)
 
             pool = daemon.wait_pool_ready()
             extra["daemon_rss_mib"] = daemon.rss_kib() / 1024
@@ -244,6 +334,9 @@ def main():
             cold_sessions = [cold_c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
             sessions = [c.post("/v1/sessions", json={}).json()["id"] for _ in range(8)]
             extra["cold_rps"] = throughput(lambda s: api_run("print(1)", session=s, client=cold_api), cold_sessions)
+            # The pool first gets half of the load, untimed, to grow to it (as
+            # bench/load.py does): the row is the pool under load, not its growth.
+            throughput(lambda s: api_run("print(1)", session=s), sessions, total=80)
             before = daemon.pool()
             extra["pooled_rps"] = throughput(lambda s: api_run("print(1)", session=s), sessions)
             after = daemon.pool()
@@ -257,22 +350,29 @@ def main():
     extra["seccomp_load"] = seccomp_load()
 
     print(f"\nsandboxd bench: {args.runs} runs each (plots: fewer), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
-    print(f"| {'workload: system':<46} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
-    print(f"|{'-' * 48}|{'-' * 9}|{'-' * 9}|{'-' * 15}|")
+    print(f"| {'workload: system':<50} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
+    print(f"|{'-' * 52}|{'-' * 9}|{'-' * 9}|{'-' * 15}|")
     base = {}
     for name, r in results:
         workload = name.split(":")[0]
         if "no isolation" in name:
             base[workload] = r["p50"]
         ratio = f"{r['p50'] / base[workload]:13.2f}" if workload in base else f"{'-':>13}"
-        print(f"| {name:<46} | {r['p50']:7.1f} | {r['p95']:7.1f} | {ratio} |")
-    print(f"\nthroughput, print(1), 8 concurrent clients over HTTP, 160 runs:")
+        print(f"| {name:<50} | {r['p50']:7.1f} | {r['p95']:7.1f} | {ratio} |")
+    print(f"\nthroughput, print(1), 8 concurrent clients over HTTP, 160 runs (the pooled daemon after 80 untimed):")
     print(f"  sandboxd cold:   {extra['cold_rps']:6.1f} runs/s")
     served = extra["pooled_hits"] / max(1, extra["pooled_hits"] + extra["pooled_misses"])
     extra["pooled_from_templates_rps"] = extra["pooled_rps"] * served
     print(f"  sandboxd pooled: {extra['pooled_rps']:6.1f} runs/s "
           f"({extra['pooled_hits']} by templates: {extra['pooled_from_templates_rps']:.1f} pooled runs/s; "
           f"{extra['pooled_misses']} cold)")
+    ph = extra["pooled_phases"]
+    own = ph["in the daemon"] - sum(ph[label] for label, _, _ in PHASES)
+    print(f"\nwhere a pooled print(1) goes, means over {args.runs} runs: {ph['client wall time']:.2f} ms at the client, "
+          f"{ph['in the daemon']:.2f} ms of it in the daemon:")
+    print("  " + "; ".join(f"{label} {ph[label]:.2f}" for label, _, _ in PHASES)
+          + f"; the daemon's own (session lease, record, result) {own:.2f}; "
+          f"outside the daemon (HTTP, JSON, the client) {ph['client wall time'] - ph['in the daemon']:.2f}")
     print(f"\nmemory: daemon {extra['daemon_rss_mib']:.0f} MiB RSS; each idle template with its waiting fork "
           f"{extra['pooled_sandbox_mib']:.0f} MiB (cgroup charge, {extra['pool_ready']} idle)")
     mem = extra["pool_memory"]

@@ -287,6 +287,24 @@ class Daemon:
     def session_uid(self, session_id):
         return json.loads((self.state / "sessions" / session_id / "session.json").read_text())["uid"]
 
+    def kernel_process(self, session_id):
+        """The host pid and uid of the kernel of a kernel session (started by this
+        call's cell if it had none). A kernel runs as its session's uid when it
+        started cold, as its template's (from the pool's range) when it started in
+        a template's fork: found by a name the cell gives its own thread."""
+        name = "k-" + session_id[-12:]
+        code = f"import ctypes\nctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)"
+        r = self.run(code, session_id=session_id)
+        assert r["status"] == "ok", r
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and Path(f"/proc/{p}/comm").read_text().strip() == name:
+                    status = Path(f"/proc/{p}/status").read_text()
+                    return int(p), int(status.split("Uid:")[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+        raise AssertionError(f"no process named {name} on the host")
+
     def rss_kib(self):
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):

@@ -148,7 +148,8 @@ def test_a_sandbox_holding_every_inotify_instance_and_watch_leaves_host_root_and
     root_before = root_inotify_instances()
     assert root_before > 0, "host root has no inotify instance left before the test: something else holds them"
     sid = kernel(ttl_s=600)
-    uid = daemon.session_uid(sid)
+    # The kernel's own host uid: its session's, or its template's when it started in one.
+    _, uid = daemon.kernel_process(sid)
     with daemon.http() as c:
         r = c.post("/v1/runs", json={"code": HOLD_INOTIFY, "session_id": sid, "timeout_s": 60}).json()
     assert r["status"] == "ok", r
@@ -156,7 +157,7 @@ def test_a_sandbox_holding_every_inotify_instance_and_watch_leaves_host_root_and
     # The sandbox took everything its own uid may have: the per-user limits, exactly.
     assert held["instances"] == max_instances and held["instances_errno"] == "EMFILE", held
     assert held["watches"] == max_watches and held["watches_errno"] == "ENOSPC", held
-    # It is charged to the session's host uid: the owner of its outermost user namespace.
+    # It is charged to the sandbox's host uid: the owner of its outermost user namespace.
     kernel_pids = processes_of(uid)
     assert kernel_pids, "the kernel session's processes are not on the host"
     for pid in kernel_pids:

@@ -1,6 +1,8 @@
 """Kernel sessions: one interpreter per session, its state kept across runs."""
 
+import os
 import subprocess
+import time
 
 import pytest
 
@@ -117,8 +119,69 @@ def test_shell_runs_beside_the_kernel_and_closing_ends_it(daemon, kernel):
         cell(daemon, sid, "open('from_kernel.txt', 'w').write('k')\nz = 3")
         sh = daemon.run("cat from_kernel.txt", language="shell", session_id=sid)
         assert sh["stdout"] == "k" and "kernel_restarted" not in sh
-        uid = daemon.session_uid(sid)
-        assert subprocess.run(["pgrep", "-u", str(uid)], capture_output=True).stdout != b"", "the kernel lives between runs"
+        pid, uid = daemon.kernel_process(sid)
+        assert cell(daemon, sid, "print(z)")["stdout"] == "3\n", "the kernel lives between runs"
+        assert os.path.exists(f"/proc/{pid}")
         assert c.delete(f"/v1/sessions/{sid}").json() == {"status": "closed"}
-    assert subprocess.run(["pgrep", "-u", str(uid)], capture_output=True).stdout == b""
+    # Nothing of its uid is left: the kernel, and the template it may have started in.
+    assert processes_left(uid) == b""
     daemon.assert_clean()
+
+
+def processes_left(uid, within=10.0):
+    """What `pgrep -u uid` finds once the processes killed with a sandbox are gone
+    (those killed a moment ago may still be zombies waiting for their parent)."""
+    deadline = time.time() + within
+    while True:
+        left = subprocess.run(["pgrep", "-u", str(uid)], capture_output=True).stdout
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+PRELOAD = ("numpy", "pandas", "matplotlib")
+# A first cell that asks for the preload: what was imported before its own import.
+FIRST = f"import sys\nbefore = [m for m in {PRELOAD!r} if m in sys.modules]\nimport pandas\nbefore"
+
+
+# What the kernel's process sees around it: the processes of its pid namespace, its
+# working directory, and whether the sandbox's support directory is on sys.path.
+SANDBOX = ("import os, sys\n"
+           "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getcwd(), '/opt/sandboxd' in sys.path)")
+
+
+def test_a_new_kernel_starts_in_a_template_that_imported_the_preload(daemon, kernel):
+    sid = kernel()
+    pool_before = daemon.pool()
+    first = cell(daemon, sid, "x = 1\n" + FIRST)
+    assert (first["status"], first["result"]) == ("ok", {"text/plain": repr(list(PRELOAD))}), first
+    # The same sandbox as a cold kernel's: its own pid namespace (the init and the
+    # kernel, nothing of the template's), the session's workspace, its state kept.
+    sandbox = cell(daemon, sid, SANDBOX)
+    assert sandbox["stdout"] == "[1, 2] /mnt/data False\n", sandbox
+    assert cell(daemon, sid, "x + 1")["result"] == {"text/plain": "2"}
+    pid, uid = daemon.kernel_process(sid)
+    # It runs as its template's uid, from the pool's range, not a session's.
+    assert uid != daemon.session_uid(sid)
+    # The template left the pool for good, and the pool made another; health
+    # counts it apart while the kernel lives.
+    daemon.wait_pool_ready(count=pool_before["ready_by_policy"]["default"])
+    pool = daemon.pool()
+    assert (pool["busy"], pool["kernel_templates"]) == (0, pool_before["kernel_templates"] + 1), (pool_before, pool)
+    with daemon.http() as c:
+        assert c.delete(f"/v1/sessions/{sid}").json() == {"status": "closed"}
+    # Closing the session ends the kernel and its template: nothing of its uid is left.
+    assert processes_left(uid) == b""
+    assert not os.path.exists(f"/proc/{pid}")
+    assert daemon.pool()["kernel_templates"] == pool_before["kernel_templates"]
+
+
+def test_a_kernel_starts_cold_when_the_pool_has_no_template_for_it(fresh_daemon):
+    d = fresh_daemon(args=["--pool-size", "0"])
+    with d.http() as c:
+        sid = new_session(c, mode="kernel")
+    first = cell(d, sid, FIRST)
+    assert (first["status"], first["result"]) == ("ok", {"text/plain": "[]"}), first
+    sandbox = cell(d, sid, SANDBOX)
+    assert sandbox["stdout"] == "[1, 2] /mnt/data False\n", sandbox
+    assert d.kernel_process(sid)[1] == d.session_uid(sid)

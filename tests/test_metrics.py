@@ -94,6 +94,12 @@ def test_each_outcome_moves_its_counters_by_exactly_one(own):
         ("sandboxd_run_queue_wait_seconds_count", (("mode", "cold"),)): 4,
         ("sandboxd_run_setup_seconds_count", (("mode", "cold"),)): 4,
         ("sandboxd_run_execution_seconds_count", (("mode", "cold"),)): 4,
+        ("sandboxd_run_workspace_walk_seconds_count", (("mode", "pooled"), ("when", "before"))): 1,
+        ("sandboxd_run_workspace_walk_seconds_count", (("mode", "pooled"), ("when", "after"))): 1,
+        ("sandboxd_run_workspace_walk_seconds_count", (("mode", "cold"), ("when", "before"))): 4,
+        ("sandboxd_run_workspace_walk_seconds_count", (("mode", "cold"), ("when", "after"))): 4,
+        # Each run's whole time in the daemon, once.
+        ("sandboxd_run_handling_seconds_count", ()): 5,
     }
     # The pool's idle gauges may move while it refills: compare the rest exactly.
     got = {k: v for k, v in got.items() if k[0] not in ("sandboxd_pool_idle_templates", "sandboxd_ready_sandboxes")}

@@ -340,3 +340,12 @@ def test_sandboxctl_pip_install(daemon):
     p = subprocess.run([str(CTL), "--socket", str(daemon.socket), "pip", "install", "--session", sid, "six==0.0.0"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "package_install_failed" in p.stderr, p.stderr
+    # From a requirements file (here on stdin), as pip reads one.
+    p = subprocess.run([str(CTL), "--socket", str(daemon.socket), "pip", "install", "--session", sid, "-r", "-"],
+                       input=f"# what the code needs\n{SIX}  # pinned\n\n", capture_output=True, text=True, timeout=300)
+    assert (p.returncode, p.stdout) == (0, "Nothing to install: six already satisfied.\n"), p
+    # A pip option in it is refused before anything is asked of the daemon.
+    p = subprocess.run([str(CTL), "--socket", str(daemon.socket), "pip", "install", "--session", sid, "-r", "-"],
+                       input="six\n--index-url https://example.org/simple\n", capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and p.stdout == "", p
+    assert "- line 2: pip option --index-url is not supported" in p.stderr, p.stderr

@@ -24,7 +24,10 @@ its types), and their bytes must stay what its round-trip tests pin:
                                 mounted by then): sets `env` (an object of
                                 NAME -> VALUE: the session's secrets' placeholders)
                                 in os.environ, puts the layer on sys.path, runs the
-                                code once
+                                code once. With `"kernel": true`, `code` is kernel.py:
+                                the fork becomes a kernel session's kernel, the socket
+                                its channel (kernel.py's protocol from here on), and
+                                it sends no RunClaim
     -> RunClaim::ExitCode       `{"exit_code": N}` (0..255), after closing its
                                 output; then waits until the daemon hangs up (or
                                 kills it)
@@ -184,6 +187,8 @@ def _forked(enter, spec, template_sock, fds):
         os.environ.update(msg["env"])
         import sitecustomize
 
+        if msg.get("kernel"):
+            _kernel(msg["code"], sock)
         sitecustomize.add_packages_layer()
         namespace = {}
         exit_code = run(msg["code"], msg["run_id"], bool(msg["autosave"]), namespace)
@@ -207,6 +212,21 @@ def _forked(enter, spec, template_sock, fds):
         _finish(exit_code, namespace, report)
     except BaseException:
         _runner_failed()
+
+
+def _kernel(source, sock):
+    """Become a kernel session's kernel: `source` is kernel.py (sent by the daemon,
+    which embeds it), run as __main__ with the run's socket as its channel on fd 0,
+    where a kernel started cold finds it too. It serves cells until the daemon
+    hangs up; this process then exits, and its outer process reports how."""
+    os.dup2(sock.fileno(), 0)
+    sock.close()
+    # As a cold kernel's `python -P`: not this runner's directory on sys.path, where
+    # its modules would hide packages of the same names the session installs.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    exec(compile(source, "kernel.py", "exec"), {"__name__": "__main__", "__builtins__": builtins})
+    _exit(0)
 
 
 def _finish(exit_code, namespace, before_exit=None):

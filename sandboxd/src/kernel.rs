@@ -83,6 +83,9 @@ pub enum Error {
     Channel(std::io::Error),
     #[error("the kernel did not start: {0}")]
     Start(String),
+    /// The session was closed while its kernel started: none is left running.
+    #[error("the session was closed while its kernel started")]
+    Closed,
 }
 
 /// One cell, as the daemon sends it.
@@ -216,10 +219,51 @@ pub enum CellEnd {
     Died { cut: Cutoff, outcome: Option<Box<Outcome>>, stdout: Kept, stderr: Kept, usage: RunUsage },
 }
 
+/// How long a kernel may live: as long as its session (cells have their own limit).
+const LIFE: Duration = Duration::from_secs(400 * 86400);
+/// How long a kernel may take to say it is ready.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+/// Bytes kept of what a kernel writes outside its cells (kernel.py captures a
+/// cell's own output): shown when it ends at once.
+const OUTSIDE_CELLS: usize = 64 * 1024;
+
+/// Once the session is cancelled (closed, or the daemon stopping; dropped counts
+/// too): a kernel still starting then is ended, not handed to a closed session.
+async fn closed(mut cancel: watch::Receiver<bool>) {
+    let _ = cancel.wait_for(|c| *c).await;
+}
+
+/// Wait for the kernel's first line, which must be `ready`.
+async fn ready(channel: &mut Channel<tokio::net::UnixStream>) -> Result<(), String> {
+    match channel.recv::<KernelMessage>().await {
+        Ok(Some(KernelMessage::Ready {})) => Ok(()),
+        Ok(Some(_)) => Err("it sent something else than \"ready\" first".to_string()),
+        Ok(None) => Err("it closed its channel".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Why a kernel whose sandbox ended before it was ready did not start.
+fn ended_at_once(ended: Result<Result<Outcome, isolate::Error>, tokio::task::JoinError>) -> String {
+    match ended {
+        Ok(Ok(o)) => format!(
+            "it exited at once (exit code {:?}, signal {:?}): {}",
+            o.exit.code(),
+            o.exit.signal(),
+            o.stderr.text()
+        ),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
 pub struct Kernel {
     /// Cells out ([`KernelCell`]), [`KernelMessage`]s in.
     channel: Channel<tokio::net::UnixStream>,
     init_pid: i32,
+    /// A pidfd on the init, for a kernel in a template's fork, whose init's pid may
+    /// be reused as soon as its outer process reaped it: signals go through it.
+    init_pidfd: Option<Arc<OwnedFd>>,
     cancel: watch::Sender<bool>,
     task: JoinHandle<Result<Outcome, isolate::Error>>,
     /// The kernel's sandbox's cgroup, where each cell is measured.
@@ -251,7 +295,101 @@ pub struct StartSpec<'a> {
 }
 
 impl Kernel {
-    pub async fn start(sandboxes: &Arc<Sandboxes>, s: StartSpec<'_>) -> Result<Kernel, Error> {
+    /// Start the session's kernel: in a fork of a pooled template of `tier` (the
+    /// first cell's tier, [`crate::pool::Pool::tier`]) when the pool has one for it
+    /// ([`crate::pool::kernel`]), its preload already imported; else in a sandbox of
+    /// its own, where the interpreter starts cold. Returns whether it came from a
+    /// template. `cancel` (the session's) ends a wait for a template.
+    pub async fn start(
+        sandboxes: &Arc<Sandboxes>,
+        pool: &crate::pool::Pool,
+        tier: &str,
+        s: StartSpec<'_>,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<(Kernel, bool), Error> {
+        match Kernel::from_template(pool, tier, &s, cancel.clone()).await {
+            Some(Ok(kernel)) => return Ok((kernel, true)),
+            Some(Err(e @ Error::Closed)) => return Err(e),
+            // Nothing of the session's ran: a cold kernel takes over.
+            Some(Err(e)) => {
+                tracing::warn!(session_id = %s.session_id, error = %e, "a kernel could not start in a pooled template; starting it cold")
+            }
+            None => {}
+        }
+        if *cancel.borrow() {
+            return Err(Error::Closed);
+        }
+        Kernel::cold(sandboxes, s, cancel).await.map(|k| (k, false))
+    }
+
+    /// The kernel in a template's fork; `None` when the pool has none for it.
+    async fn from_template(
+        pool: &crate::pool::Pool,
+        tier: &str,
+        s: &StartSpec<'_>,
+        cancel: watch::Receiver<bool>,
+    ) -> Option<Result<Kernel, Error>> {
+        let workspace = s.at.workspace?;
+        let id = format!("kernel-{}", s.session_id);
+        let job = crate::pool::Job {
+            workspace,
+            packages: s.at.packages,
+            owner_uid: s.uid,
+            code: SOURCE,
+            run_id: &id,
+            autosave: false,
+            env: s.env,
+            egress: None,
+        };
+        let bounds = isolate::Bounds {
+            id: id.clone(),
+            timeout: LIFE,
+            grace: Duration::from_secs(s.policy.grace_s),
+            output_limit: OUTSIDE_CELLS,
+        };
+        let fork = match pool.start_kernel(tier, &job, bounds, cancel.clone()).await? {
+            Ok(fork) => fork,
+            Err(crate::pool::Fallback(e)) => return Some(Err(Error::Start(e.to_string()))),
+        };
+        let crate::pool::kernel::KernelFork { mut channel, init_pid, init_pidfd, cgroup, listener, mut task, stop } =
+            fork;
+        // The fork's socket carries kernel.py's lines from here.
+        channel.set_max(MAX_LINE);
+        let egress = match (s.egress.clone(), listener) {
+            (Some((proxy, tenant)), Some(listener)) => Some((proxy.serve(listener, tenant.clone()), tenant)),
+            _ => None,
+        };
+        let ready = ready(&mut channel);
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(READY_WITHIN, ready) => r.map_err(|_| Error::Start(format!("it was not ready within {} s", READY_WITHIN.as_secs()))).and_then(|r| r.map_err(Error::Start)),
+            ended = &mut task => Err(Error::Start(ended_at_once(ended))),
+            () = closed(cancel) => Err(Error::Closed),
+        };
+        Some(match outcome {
+            Ok(()) => Ok(Kernel {
+                channel,
+                init_pid,
+                init_pidfd: Some(init_pidfd),
+                cancel: stop,
+                task,
+                cgroup: Some(cgroup),
+                egress,
+            }),
+            Err(e) => {
+                let _ = stop.send(true);
+                let _ = task.await;
+                Err(e)
+            }
+        })
+    }
+
+    /// The kernel in a sandbox of its own: `python -P -c BOOTSTRAP`, kernel.py sent
+    /// on its stdin.
+    async fn cold(
+        sandboxes: &Arc<Sandboxes>,
+        s: StartSpec<'_>,
+        closing: watch::Receiver<bool>,
+    ) -> Result<Kernel, Error> {
         let (mut stream, theirs) = isolate::process::socket_pair().map_err(Error::Channel)?;
         // The source goes first: the socket's buffer holds it until the kernel reads.
         stream.write_all(&kernel_source(SOURCE)).await.map_err(Error::Channel)?;
@@ -267,10 +405,9 @@ impl Kernel {
             id: format!("kernel-{}", s.session_id),
             spec,
             limits: crate::plan::cgroup_limits(policy),
-            // The kernel lives as long as its session; cells have their own limit.
-            timeout: Duration::from_secs(400 * 86400),
+            timeout: LIFE,
             grace: Duration::from_secs(policy.grace_s),
-            output_limit: 64 * 1024,
+            output_limit: OUTSIDE_CELLS,
         };
         let (cancel, cancel_rx) = watch::channel(false);
         let (started_tx, started_rx) = oneshot::channel();
@@ -290,31 +427,28 @@ impl Kernel {
                 (Some((proxy, tenant)), Some(listener)) => Some((proxy.serve(listener, tenant.clone()), tenant)),
                 _ => None,
             };
-            let init_pid = (started.init_pid, serving);
-            match channel.recv::<KernelMessage>().await {
-                Ok(Some(KernelMessage::Ready {})) => Ok(init_pid),
-                Ok(Some(_)) => Err("it sent something else than \"ready\" first".to_string()),
-                Ok(None) => Err("it closed its channel".to_string()),
-                Err(e) => Err(e.to_string()),
-            }
+            ready(&mut channel).await.map(|()| (started.init_pid, serving))
         };
         let outcome = tokio::select! {
-            r = tokio::time::timeout(Duration::from_secs(60), ready) => r.map_err(|_| "it was not ready within 60 s".to_string()).and_then(|r| r),
-            ended = &mut task => Err(match ended {
-                Ok(Ok(o)) => format!("it exited at once (exit code {:?}, signal {:?}): {}", o.exit.code(), o.exit.signal(), o.stderr.text()),
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-            }),
+            r = tokio::time::timeout(READY_WITHIN, ready) => r.map_err(|_| Error::Start(format!("it was not ready within {} s", READY_WITHIN.as_secs()))).and_then(|r| r.map_err(Error::Start)),
+            ended = &mut task => Err(Error::Start(ended_at_once(ended))),
+            () = closed(closing) => Err(Error::Closed),
         };
         match outcome {
             // The cgroup was sent before the sandbox started.
-            Ok((init_pid, egress)) => {
-                Ok(Kernel { channel, init_pid, cancel, task, cgroup: cgroup_rx.try_recv().ok(), egress })
-            }
+            Ok((init_pid, egress)) => Ok(Kernel {
+                channel,
+                init_pid,
+                init_pidfd: None,
+                cancel,
+                task,
+                cgroup: cgroup_rx.try_recv().ok(),
+                egress,
+            }),
             Err(e) => {
                 let _ = cancel.send(true);
                 let _ = task.await;
-                Err(Error::Start(e))
+                Err(e)
             }
         }
     }
@@ -350,7 +484,12 @@ impl Kernel {
         });
         // The cell's time limit: at it, SIGINT to the sandbox (the init forwards it),
         // which interrupts the cell and keeps the kernel; after the grace, killed.
-        let mut drive = Drive::new(crate::isolate::process::signal, timeout, grace, nix::sys::signal::SIGINT);
+        let pidfd = self.init_pidfd.clone();
+        let signal = move |pid: i32, sig| match &pidfd {
+            Some(fd) => crate::isolate::process::pidfd_signal(fd, sig),
+            None => crate::isolate::process::signal(pid, sig),
+        };
+        let mut drive = Drive::new(signal, timeout, grace, nix::sys::signal::SIGINT);
         // The cell goes out under the same limit and stop as its answer: a kernel
         // that stopped reading (user code can make it) leaves the line in a full
         // socket buffer, and the write must not outlast the cell's time limit, a

@@ -56,6 +56,10 @@ pub struct Phases {
     pub setup: Duration,
     /// The program (or cell) from then until its end.
     pub execution: Duration,
+    /// The workspace walked before the run (what files it held, to find the
+    /// run's artifacts after), and after it (what it created or changed).
+    pub snapshot: Duration,
+    pub artifacts: Duration,
 }
 
 /// Latency buckets, seconds: from a pooled `print(1)` (milliseconds) to long runs.
@@ -70,6 +74,10 @@ pub struct Metrics {
     queue: Histograms,
     setup: Histograms,
     execution: Histograms,
+    /// The workspace walks around a run, by mode and `when` (before, after).
+    workspace_walk: Histograms,
+    /// A run's whole time in the daemon.
+    handling: Histogram,
     oom_kills: Counter,
     timeouts: Counter,
     api_errors: Family<Labels, Counter>,
@@ -88,6 +96,8 @@ impl Default for Metrics {
             queue: Family::new_with_constructor(buckets),
             setup: Family::new_with_constructor(buckets),
             execution: Family::new_with_constructor(buckets),
+            workspace_walk: Family::new_with_constructor(buckets),
+            handling: buckets(),
             oom_kills: Counter::default(),
             timeouts: Counter::default(),
             api_errors: Family::default(),
@@ -131,6 +141,10 @@ impl Metrics {
         self.queue.get_or_create(&by_mode).observe(phases.queue.as_secs_f64());
         self.setup.get_or_create(&by_mode).observe(phases.setup.as_secs_f64());
         self.execution.get_or_create(&by_mode).observe(phases.execution.as_secs_f64());
+        for (when, took) in [("before", phases.snapshot), ("after", phases.artifacts)] {
+            let labels = vec![("mode", mode.as_str().to_string()), ("when", when.to_string())];
+            self.workspace_walk.get_or_create(&labels).observe(took.as_secs_f64());
+        }
         match status {
             "oom" => {
                 self.oom_kills.inc();
@@ -140,6 +154,13 @@ impl Metrics {
             }
             _ => {}
         }
+    }
+
+    /// A run's whole time in the daemon, from its request's operation to its result
+    /// ready: the session's lease, the sandbox, the workspace walks, the result and
+    /// its record written (what is not one of [`Phases`] is the daemon's own).
+    pub fn run_handled(&self, took: Duration) {
+        self.handling.observe(took.as_secs_f64());
     }
 
     /// The API answered an error with `code` (the envelope's `error.code`).
@@ -196,6 +217,16 @@ impl Metrics {
             self.setup.clone(),
         );
         reg.register("run_execution_seconds", "Time a run's program ran, by mode", self.execution.clone());
+        reg.register(
+            "run_workspace_walk_seconds",
+            "Time walking a run's workspace as the session's user, by mode and when: before (what it held) and after (the run's artifacts)",
+            self.workspace_walk.clone(),
+        );
+        reg.register(
+            "run_handling_seconds",
+            "A run's whole time in the daemon, from its request to its result and record (the phases above, and the daemon's own work around them)",
+            self.handling.clone(),
+        );
         reg.register("oom_kills", "Runs ended by the OOM killer", self.oom_kills.clone());
         reg.register("timeouts", "Runs ended by their time limit", self.timeouts.clone());
         reg.register("api_errors", "Error answers of the API, by error code", self.api_errors.clone());
@@ -256,7 +287,10 @@ mod tests {
             queue: Duration::from_millis(2),
             setup: Duration::from_millis(30),
             execution: Duration::from_millis(700),
+            snapshot: Duration::from_micros(300),
+            artifacts: Duration::from_millis(3),
         };
+        m.run_handled(Duration::from_millis(4));
         m.run_ended(Mode::Cold, "python", "ok", &phases);
         m.run_ended(Mode::Cold, "python", "ok", &phases);
         m.run_ended(Mode::Kernel, "python", "oom", &phases);
@@ -290,6 +324,10 @@ mod tests {
             "sandboxd_ready_sandboxes 2",
             r#"sandboxd_run_setup_seconds_bucket{mode="cold",le="0.05"} 2"#,
             r#"sandboxd_run_execution_seconds_count{mode="cold"} 2"#,
+            r#"sandboxd_run_workspace_walk_seconds_bucket{mode="cold",when="before",le="0.001"} 2"#,
+            r#"sandboxd_run_workspace_walk_seconds_bucket{mode="cold",when="after",le="0.001"} 0"#,
+            r#"sandboxd_run_workspace_walk_seconds_bucket{mode="cold",when="after",le="0.005"} 2"#,
+            "sandboxd_run_handling_seconds_count 1",
             "sandboxd_egress_connections_total 1",
             r#"sandboxd_egress_refusals_total{code="host_not_allowed"} 1"#,
             r#"sandboxd_egress_bytes_total{direction="in"} 100"#,

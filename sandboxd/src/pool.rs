@@ -48,6 +48,7 @@
 //! excerpt at info, hangs up (the runner then exits) and takes the report.
 
 pub mod demand;
+pub mod kernel;
 mod refill;
 mod state;
 pub mod tier;
@@ -139,6 +140,9 @@ pub struct Pool {
     /// lives ([`crate::uids::Lease`]).
     uids: std::ops::Range<u32>,
     leases: crate::uids::Leases,
+    /// Templates that left the pool for kernel sessions' kernels, still alive
+    /// ([`kernel`]).
+    kernels: Arc<std::sync::atomic::AtomicUsize>,
     state: Mutex<State>,
     /// Wakes the refill task.
     wake: Notify,
@@ -186,6 +190,7 @@ impl Pool {
             memory_budget,
             uids,
             leases: crate::uids::Leases::default(),
+            kernels: Arc::default(),
             state: Mutex::new(state),
             wake: Notify::new(),
             returned: Notify::new(),
@@ -355,7 +360,8 @@ impl Pool {
                 (Some((egress, tenant)), Some(listener)) => Some(egress.serve(listener, tenant.clone())),
                 _ => None,
             };
-            let code = RunCode { code: job.code, run_id: job.run_id, autosave: job.autosave, env: job.env };
+            let code =
+                RunCode { code: job.code, run_id: job.run_id, autosave: job.autosave, env: job.env, kernel: false };
             forked.send_code(&code).await.map(|running| (running, serving))
         }
         .await;
@@ -463,6 +469,7 @@ impl Pool {
             waiting: st.waiters.keys().map(|p| st.waiting(p)).sum(),
             memory_budget_bytes: self.memory_budget,
             memory_held_bytes: st.held_bytes(),
+            kernel_templates: self.kernels.load(std::sync::atomic::Ordering::Acquire),
         }
     }
 

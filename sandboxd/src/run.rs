@@ -37,6 +37,11 @@ pub enum Error {
     NulByte,
     #[error("timeout_s is {given}; policy {policy:?} allows more than 0 and at most {max} seconds")]
     Timeout { given: f64, policy: String, max: u64 },
+    /// The session was closed (or expired) while the run was starting.
+    #[error(
+        "session {0:?} was closed while this run started: create a new session (POST /v1/sessions) and run it there"
+    )]
+    Closed(String),
     /// A host failure while making or running the sandbox; `context` names the step.
     #[error("{context}: {error}")]
     Internal { context: String, error: String },
@@ -166,7 +171,9 @@ pub async fn execute(
     let layer = layer_of(lease).await?;
     let net = Net::of(ctx, lease, &run_id)?;
     let secrets_env = net.as_ref().map(|n| n.env.clone()).unwrap_or_default();
+    let walk_began = std::time::Instant::now();
     let snapshot = snapshot(lease).await?;
+    let snapshot_took = walk_began.elapsed();
     let mut spec =
         plan::sandbox_spec(&ctx.at(Some(&lease.workspace), layer.as_deref()), lease.uid, policy, argv, stdin);
     spec.env.extend(secrets_env.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -230,7 +237,9 @@ pub async fn execute(
         other => Error::internal("running the sandbox", other),
     })?;
 
+    let walk_began = std::time::Instant::now();
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
+    let artifacts_took = walk_began.elapsed();
 
     let status = Ending {
         timed_out: outcome.timed_out,
@@ -261,13 +270,19 @@ pub async fn execute(
         kernel: None,
     };
     let phases = match mode {
-        metrics::Mode::Pooled => {
-            metrics::Phases { queue: pool_wait, setup: outcome.setup, execution: outcome.duration }
-        }
+        metrics::Mode::Pooled => metrics::Phases {
+            queue: pool_wait,
+            setup: outcome.setup,
+            execution: outcome.duration,
+            snapshot: snapshot_took,
+            artifacts: artifacts_took,
+        },
         _ => metrics::Phases {
             queue: pool_wait + outcome.queue,
             setup: outcome.setup,
             execution: outcome.duration.saturating_sub(outcome.queue + outcome.setup),
+            snapshot: snapshot_took,
+            artifacts: artifacts_took,
         },
     };
     let language = if req.language == Language::Shell { "shell" } else { "python" };
@@ -350,13 +365,15 @@ async fn execute_cell(
     let run_id = run_id.to_string();
     let started = std::time::Instant::now();
     let secrets = lease.secrets();
-    let (existing, fresh) = lease_kernel(ctx, lease, &run_id).await?;
+    let (existing, fresh) = lease_kernel(ctx, lease, &req.code, &run_id).await?;
     if fresh {
         lease.mark_kernel_started();
     }
     // Starting the kernel, when the session had none running.
     let setup = started.elapsed();
+    let walk_began = std::time::Instant::now();
     let snapshot = snapshot(lease).await?;
+    let snapshot_took = walk_began.elapsed();
     tracing::info!(run_id = %run_id, session_id = %lease.id, "cell started");
     tracing::debug!(run_id = %run_id, code = ?req.code, "cell code");
     let cell = kernel::CellRequest {
@@ -374,7 +391,9 @@ async fn execute_cell(
     if let Some(k) = kernel {
         lease.put_kernel(k).await;
     }
+    let walk_began = std::time::Instant::now();
     let (artifacts, artifacts_truncated) = find_artifacts(ctx, lease, snapshot, &run_id).await?;
+    let artifacts_took = walk_began.elapsed();
     let mut result = RunResult {
         run_id: run_id.clone(),
         session_id: lease.public_id.clone(),
@@ -433,7 +452,13 @@ async fn execute_cell(
         }
     }
     disk::note_full(&lease.workspace, &lease.policy, &mut result.usage, &mut result.stderr);
-    let phases = metrics::Phases { queue: Duration::ZERO, setup, execution: started.elapsed().saturating_sub(setup) };
+    let phases = metrics::Phases {
+        queue: Duration::ZERO,
+        setup,
+        execution: started.elapsed().saturating_sub(setup + snapshot_took + artifacts_took),
+        snapshot: snapshot_took,
+        artifacts: artifacts_took,
+    };
     metrics::global().run_ended(metrics::Mode::Kernel, "python", result.status.as_str(), &phases);
     tracing::info!(
         run_id = %run_id,
@@ -461,6 +486,7 @@ async fn layer_of(lease: &Lease) -> Result<Option<PathBuf>, Error> {
             tracing::warn!(session_id = %lease.id, error = %e, "no package layer for the run: the disk is full");
             Ok(None)
         }
+        Err(crate::session::Error::NotFound(_)) => Err(Error::Closed(lease.public_id.clone())),
         Err(e) => Err(Error::internal("making the session's package layer", e)),
     }
 }
@@ -480,8 +506,10 @@ const KERNEL_LOST: &str =
     "sandboxd: the daemon restarted since this session's last cell: this kernel is new, and earlier variables are gone\n";
 
 /// The session's kernel, started now if it has none (or its last one died), and
-/// whether it was started now.
-async fn lease_kernel(ctx: &Context, lease: &Lease, run_id: &str) -> Result<(kernel::Kernel, bool), Error> {
+/// whether it was started now. A new kernel starts in a fork of a pooled template
+/// of the tier `code` (the cell it starts for) would run in as a script run
+/// ([`crate::pool::kernel`]), or cold when the pool has none.
+async fn lease_kernel(ctx: &Context, lease: &Lease, code: &str, run_id: &str) -> Result<(kernel::Kernel, bool), Error> {
     if let Some(k) = lease.take_kernel().await {
         return Ok((k, false));
     }
@@ -489,8 +517,11 @@ async fn lease_kernel(ctx: &Context, lease: &Lease, run_id: &str) -> Result<(ker
     let layer = layer_of(lease).await?;
     let net = Net::of(ctx, lease, run_id)?;
     let env = net.as_ref().map(|n| n.env.clone()).unwrap_or_default();
-    kernel::Kernel::start(
+    let tier = ctx.pool.tier(&lease.policy, code);
+    let (kernel, pooled) = kernel::Kernel::start(
         &ctx.sandboxes,
+        &ctx.pool,
+        &tier.name,
         kernel::StartSpec {
             session_id: &lease.id,
             at: ctx.at(Some(&lease.workspace), layer.as_deref()),
@@ -499,10 +530,15 @@ async fn lease_kernel(ctx: &Context, lease: &Lease, run_id: &str) -> Result<(ker
             env: &env,
             egress: net.map(|n| (n.egress, n.tenant)),
         },
+        lease.cancel.clone(),
     )
     .await
-    .map(|k| (k, true))
-    .map_err(|e| Error::internal("starting the session's kernel", e))
+    .map_err(|e| match e {
+        kernel::Error::Closed => Error::Closed(lease.public_id.clone()),
+        e => Error::internal("starting the session's kernel", e),
+    })?;
+    tracing::info!(session_id = %lease.id, pooled, tier = %tier.name, "kernel started");
+    Ok((kernel, true))
 }
 
 /// A cell's final value as results show it: its text by mime type.

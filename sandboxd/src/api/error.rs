@@ -168,6 +168,7 @@ fn run_error(e: crate::run::Error) -> ApiError {
     match e {
         e @ E::CodeTooLarge { .. } => ApiError::new(Code::CodeTooLarge, e.to_string()),
         e @ (E::NulByte | E::Timeout { .. }) => ApiError::new(Code::InvalidRequest, e.to_string()),
+        e @ E::Closed(_) => ApiError::new(Code::SessionNotFound, e.to_string()),
         E::Internal { context, error } => ApiError::internal(&context, error),
     }
 }
@@ -270,6 +271,7 @@ mod tests {
             (run::Error::NulByte.into(), (400, "invalid_request")),
             (run::Error::Timeout { given: 0.0, policy: "p".into(), max: 1 }.into(), (400, "invalid_request")),
             (run::Error::Internal { context: "c".into(), error: "e".into() }.into(), (500, "internal")),
+            (run::Error::Closed("s".into()).into(), (404, "session_not_found")),
             (workspace::Error::InvalidPath("p".into()).into(), (400, "invalid_path")),
             (workspace::Error::NotFound("p".into()).into(), (404, "not_found")),
             (workspace::Error::Exists("p".into()).into(), (409, "file_exists")),

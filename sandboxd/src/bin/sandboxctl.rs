@@ -121,9 +121,14 @@ enum PipCommand {
         #[arg(long)]
         session: String,
         /// Requirements, e.g. tabulate==0.9.0 requests>=2 'pandas[excel]' (no URLs,
-        /// paths or pip options; at most 32).
-        #[arg(required = true, value_name = "REQUIREMENT")]
+        /// paths or pip options; at most 32 with those of --requirement).
+        #[arg(value_name = "REQUIREMENT", required_unless_present = "requirements")]
         packages: Vec<String>,
+        /// Also install the requirements listed in FILE, one per line, as in pip's
+        /// requirements files (`#` comments and blank lines skipped; no pip options
+        /// such as -e, -r or --index-url; `-` reads stdin). Repeatable.
+        #[arg(short = 'r', long = "requirement", value_name = "FILE")]
+        requirements: Vec<std::path::PathBuf>,
         /// Print the whole answer as JSON instead.
         #[arg(long)]
         json: bool,
@@ -245,6 +250,44 @@ fn main() -> ExitCode {
             })
         }
     }
+}
+
+/// The requirements a pip requirements file lists (`-`: stdin): a line each, with
+/// `#` comments (at the start, or after a space) and blank lines skipped. A pip
+/// option is refused with its line: the daemon installs from the policy's index,
+/// and says why it refuses anything else (a URL, a path) itself.
+fn requirements_file(path: &std::path::Path) -> Result<Vec<String>, ClientError> {
+    let text =
+        if path.as_os_str() == "-" { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) }
+            .map_err(|e| ClientError::Local(format!("reading {}: {e}", path.display())))?;
+    parse_requirements(&text).map_err(|(line, what)| {
+        ClientError::Local(format!(
+            "{} line {line}: {what}: sandboxd takes requirements only (name, [extras], version specifiers); give the packages themselves",
+            path.display()
+        ))
+    })
+}
+
+/// [`requirements_file`]'s parse: the requirements, or the first bad line (from 1)
+/// and what is wrong with it.
+fn parse_requirements(text: &str) -> Result<Vec<String>, (usize, String)> {
+    let mut out = vec![];
+    for (i, line) in text.lines().enumerate() {
+        let line = match line.find(" #").or_else(|| line.find("\t#")) {
+            Some(at) => &line[..at],
+            None => line,
+        };
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if line.starts_with('-') {
+            let option = line.split_whitespace().next().unwrap_or(line);
+            return Err((i + 1, format!("pip option {option} is not supported")));
+        }
+        out.push(line.to_string());
+    }
+    Ok(out)
 }
 
 /// What an install did, as pip would say it.
@@ -421,7 +464,15 @@ async fn dispatch(client: &Client, command: Command) -> Result<ExitCode, ClientE
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pip { command: PipCommand::Install { session, packages, json } } => {
+        Command::Pip { command: PipCommand::Install { session, mut packages, requirements, json } } => {
+            for file in &requirements {
+                packages.extend(requirements_file(file)?);
+            }
+            if packages.is_empty() {
+                return Err(ClientError::Local(
+                    "the requirements files list no requirement: nothing to install".into(),
+                ));
+            }
             let result = client.install_packages(&session, &InstallRequest { packages }).await?;
             if json {
                 print_json(&result);
@@ -569,7 +620,19 @@ async fn save_artifacts(
 
 #[cfg(test)]
 mod tests {
-    use super::size;
+    use super::{parse_requirements, size};
+
+    #[test]
+    fn a_requirements_file_gives_its_requirements_and_refuses_pip_options() {
+        let text = "# data tools\ntabulate==0.9.0  # pinned\n\n  requests>=2\t# http\npandas[excel]\n";
+        assert_eq!(parse_requirements(text).unwrap(), ["tabulate==0.9.0", "requests>=2", "pandas[excel]"]);
+        assert_eq!(parse_requirements("six\n-e .\n").unwrap_err(), (2, "pip option -e is not supported".into()));
+        assert_eq!(
+            parse_requirements("--index-url https://x\nsix").unwrap_err(),
+            (1, "pip option --index-url is not supported".into())
+        );
+        assert_eq!(parse_requirements("\n# nothing\n").unwrap(), Vec::<String>::new());
+    }
 
     #[test]
     fn sizes_read_as_a_person_reads_them() {

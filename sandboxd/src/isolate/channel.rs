@@ -78,6 +78,12 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         self.inner.get_mut()
     }
 
+    /// Lines of at most `max` bytes from now on (the stream carries another
+    /// protocol from here); what is buffered stays.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
     /// Nothing read from the stream is waiting here (neither a part of a line nor
     /// buffered bytes).
     pub fn is_idle(&self) -> bool {
@@ -155,6 +161,11 @@ impl<S: AsyncRead + Unpin> Channel<S> {
 
     pub fn get_mut(&mut self) -> &mut S {
         self.reader.get_mut()
+    }
+
+    /// Messages of at most `max` bytes from now on ([`LineReader::set_max`]).
+    pub fn set_max(&mut self, max: usize) {
+        self.reader.set_max(max);
     }
 }
 

@@ -417,6 +417,11 @@ pub struct RunCode<'a> {
     /// Variables the run's environment gains (its session's: the secrets'
     /// placeholders): the template started before the run's session was known.
     pub env: &'a std::collections::BTreeMap<String, String>,
+    /// `code` is kernel.py: the fork becomes a kernel session's kernel, its socket
+    /// the kernel's channel ([`crate::kernel`]); no [`RunClaim`] follows. Not sent
+    /// when false: a run's message is as before.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub kernel: bool,
 }
 
 /// What a run's process may say on the run's socket once it has its code: the exit

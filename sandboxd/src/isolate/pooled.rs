@@ -15,7 +15,7 @@ use super::process::{self, children, kill_all, pidfd_kill, pidfd_open, pipe, soc
 use super::sandboxes::Sandboxes;
 use super::slot;
 use super::spec::{ChildSpec, SandboxSpec};
-use super::supervise::{drive, launch, run_ended, Baseline, Bounds, Done, Error, Launched, Outcome};
+use super::supervise::{drive, launch, report_ended, run_ended, Baseline, Bounds, Done, Error, Launched, Outcome};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,6 +115,29 @@ struct PendingFork {
 /// failure is never accepted (the run cannot turn into a sandbox that failed to
 /// build).
 pub struct Running(Forked);
+
+/// A template's fork that became a kernel session's kernel ([`RunCode::kernel`]),
+/// its socket taken for the kernel's channel: what the template supervises.
+pub struct KernelFork {
+    report: Channel<tokio::net::unix::pipe::Receiver>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    init_pid: i32,
+    /// Shared with the kernel, which interrupts its cells through it.
+    init_pidfd: Arc<OwnedFd>,
+}
+
+impl Running {
+    /// The fork was sent kernel.py: its socket is the kernel's channel from now on
+    /// (kernel.py's protocol, not a run's claim), and the rest is supervised by
+    /// [`PooledTemplate::host_kernel`]. Also the init's host pid and a pidfd on it.
+    pub fn into_kernel(self) -> (Channel<tokio::net::UnixStream>, KernelFork, i32, Arc<OwnedFd>) {
+        let Forked { program, report, stdout, stderr, init_pid, init_pidfd, .. } = self.0;
+        let init_pidfd = Arc::new(init_pidfd);
+        let fork = KernelFork { report, stdout, stderr, init_pid, init_pidfd: init_pidfd.clone() };
+        (program, fork, init_pid, init_pidfd)
+    }
+}
 
 impl Forked {
     /// Send the run its code: the fork becomes [`Running`].
@@ -370,6 +393,43 @@ impl PooledTemplate {
             self.pids_spent = true;
         }
         Ok(result?.complete(usage))
+    }
+
+    /// Supervise a kernel's fork (taken out of the pool for good: this template
+    /// serves nothing else) until its kernel ends, `bounds` runs out or `cancel`
+    /// (the kernel is stopped); then destroy the template. Its output outside cells
+    /// (kernel.py captures a cell's own) is kept within `bounds`, for a kernel that
+    /// ends at once.
+    pub async fn host_kernel(
+        self,
+        fork: KernelFork,
+        bounds: &Bounds,
+        mut cancel: watch::Receiver<bool>,
+    ) -> Result<Outcome, Error> {
+        let KernelFork { mut report, stdout, stderr, init_pid, init_pidfd } = fork;
+        let baseline = Baseline::take(&self.slot.cg, 1);
+        let mut run = Launched {
+            control: None,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            helper_pid: None,
+            init_pid: Some(init_pid),
+            warnings: vec![],
+            listener: None,
+        };
+        let ended: Done<'_> = Box::pin(async { Some(report_ended(&mut report, &bounds.id).await) });
+        // Through the pidfd, as a pooled run's: its outer process reaps the init.
+        let kill = |_init: i32, sig| process::pidfd_signal(&init_pidfd, sig);
+        let result = drive(&mut run, bounds, None, &mut cancel, Instant::now(), None, Some(ended), kill).await;
+        pidfd_kill(&init_pidfd);
+        let usage = baseline.usage(&self.slot.cg);
+        self.destroy().await;
+        Ok(result?.complete(usage))
+    }
+
+    /// The template's cgroup (a kernel's cells are measured there).
+    pub fn cgroup(&self) -> cgroup::RunCgroup {
+        self.slot.cg.clone()
     }
 
     /// After a run: fork ahead of the next one (`spec`), while the template reaps

@@ -356,16 +356,27 @@ pub async fn run_ended(
                 listening = false;
                 let _ = program.get_mut().shutdown().await;
             }
-            ended = report.recv::<Report>() => return match ended {
-                Ok(Some(Report::Ended(exit))) => exit,
-                Ok(Some(Report::Failed { step, .. })) => {
-                    tracing::warn!(run_id, step = %channel::excerpt(step.as_bytes()), "a pooled run's init failed after the run had its code; taken as killed");
-                    Exit::KILLED
-                }
-                // Its outer process is gone (killed with the template).
-                Ok(None) | Err(_) => Exit::KILLED,
-            },
+            ended = report.recv::<Report>() => return reported(ended, run_id),
         }
+    }
+}
+
+/// How a pooled fork ended by its outer process's report alone: a kernel's fork,
+/// whose socket is the kernel's channel and carries no claim.
+pub async fn report_ended(report: &mut Channel<tokio::net::unix::pipe::Receiver>, run_id: &str) -> Exit {
+    reported(report.recv::<Report>().await, run_id)
+}
+
+/// What the report channel said, as how the run ended.
+fn reported(ended: Result<Option<Report>, channel::Error>, run_id: &str) -> Exit {
+    match ended {
+        Ok(Some(Report::Ended(exit))) => exit,
+        Ok(Some(Report::Failed { step, .. })) => {
+            tracing::warn!(run_id, step = %channel::excerpt(step.as_bytes()), "a pooled run's init failed after the run had its code; taken as killed");
+            Exit::KILLED
+        }
+        // Its outer process is gone (killed with the template).
+        Ok(None) | Err(_) => Exit::KILLED,
     }
 }
 

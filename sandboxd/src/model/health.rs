@@ -133,4 +133,8 @@ pub struct PoolStats {
     /// What the pool counts its templates as holding against the budget, bytes:
     /// each at its policy's measured idle footprint.
     pub memory_held_bytes: u64,
+    /// Templates that left the pool for kernel sessions' kernels, alive now (at most
+    /// 64): not among `templates`, nor counted against the budget; each is its
+    /// kernel's, within its session's policy limits.
+    pub kernel_templates: usize,
 }

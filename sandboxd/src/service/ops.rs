@@ -80,6 +80,7 @@ impl Operations for Service {
         chunks: Option<mpsc::Sender<Chunk>>,
     ) -> BoxFuture<'a, Result<RunDone, Error>> {
         Box::pin(async move {
+            let began = std::time::Instant::now();
             let owner = caller.owner();
             // The session made for this run, if it had none: the caller learns its id
             // only from a result.
@@ -166,6 +167,9 @@ impl Operations for Service {
                     }
                 }
                 drop(lease);
+                if result.is_ok() {
+                    crate::metrics::global().run_handled(began.elapsed());
+                }
                 // A run that made its session and ended in an error (its packages
                 // failed to install, say) names that session nowhere: it goes, rather
                 // than stay unknown to its caller until its TTL.

@@ -218,13 +218,19 @@ fn a_pooled_runs_messages_are_what_the_runner_sends_and_reads() {
     exact(r#"{"exit_code":0}"#, RunClaim::ExitCode(0));
     // ... and applies msg["env"] to its environment.
     let mut env = std::collections::BTreeMap::new();
-    let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true, env: &env };
+    let code = RunCode { code: "print(1)\n", run_id: "r1", autosave: true, env: &env, kernel: false };
     assert_eq!(encode(&code).unwrap(), b"{\"code\":\"print(1)\\n\",\"run_id\":\"r1\",\"autosave\":true,\"env\":{}}\n");
     env.insert("API_KEY".to_string(), "sandboxd-placeholder-1".to_string());
-    let code = RunCode { code: "", run_id: "r1", autosave: false, env: &env };
+    let code = RunCode { code: "", run_id: "r1", autosave: false, env: &env, kernel: false };
     assert_eq!(
         encode(&code).unwrap(),
         b"{\"code\":\"\",\"run_id\":\"r1\",\"autosave\":false,\"env\":{\"API_KEY\":\"sandboxd-placeholder-1\"}}\n"
+    );
+    // A kernel's: msg.get("kernel") makes the fork run `code` (kernel.py) as the kernel.
+    let code = RunCode { code: "k", run_id: "kernel-s", autosave: false, env: &env, kernel: true };
+    assert_eq!(
+        encode(&code).unwrap(),
+        b"{\"code\":\"k\",\"run_id\":\"kernel-s\",\"autosave\":false,\"env\":{\"API_KEY\":\"sandboxd-placeholder-1\"},\"kernel\":true}\n"
     );
     exact(r#"{"ended":{"exited":-1}}"#, Report::Ended(Exit::Exited(-1)));
     exact(r#"{"ended":{"signaled":9}}"#, Report::Ended(Exit::Signaled(9)));
