@@ -220,6 +220,15 @@ def seccomp_load(loads=400):
     return json.loads(out.stdout)
 
 
+def isolation_cost(rounds=8):
+    """What each kernel mechanism a sandbox is built of costs, apart (`sandboxd
+    __isolation-cost`: each in fresh forks as root, the machine's CPU per fork with
+    the kernel's later teardown, beyond a bare fork's, and the wall time of the
+    step's own calls)."""
+    out = subprocess.run([str(BIN), "__isolation-cost", str(rounds)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
 def pool_memory(daemon_pid):
     """The pool templates' cgroup charge split into process memory and page cache:
     the memory cgroups of the daemon's template interpreters (v1 or v2), or None."""
@@ -348,6 +357,7 @@ def main():
             shutil.rmtree(d.base, ignore_errors=True)
         shutil.rmtree(copy_base, ignore_errors=True)
     extra["seccomp_load"] = seccomp_load()
+    extra["isolation_cost"] = isolation_cost()
 
     print(f"\nsandboxd bench: {args.runs} runs each (plots: fewer), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
     print(f"| {'workload: system':<50} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
@@ -384,6 +394,12 @@ def main():
     print(f"\nseccomp filter load ({load['loads']} loads each, median): the filter ({load['instructions']} instructions) "
           f"{ms['filter']:.3f} ms, a 1-instruction allow-all {ms['allow_all']:.3f} ms: "
           f"{ms['filter'] / ms['allow_all']:.1f}x, {ms['filter'] - ms['allow_all']:.3f} ms more per sandbox")
+    cost = extra["isolation_cost"]
+    print(f"\nwhat each isolation mechanism costs on this host, apart ({cost['forks_per_step']} forks each, as root; "
+          f"CPU: the whole machine's per fork, the kernel's teardown included, beyond a bare fork's):")
+    print(f"  | {'step':<42} | {'wall us':>8} | {'CPU ms':>7} |")
+    for row in cost["steps"]:
+        print(f"  | {row['step']:<42} | {row['wall_us']:8.1f} | {row['cpu_ms']:7.2f} |")
     if args.json:
         print(json.dumps({"rows": {name: r for name, r in results}, **extra}, indent=1))
 

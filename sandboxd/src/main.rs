@@ -1,6 +1,6 @@
 //! The `sandboxd` binary: the daemon, and (with a hidden first argument) the
-//! single-threaded sandbox helper it starts for every run, or the benchmark of
-//! loading the seccomp filter.
+//! single-threaded sandbox helper it starts for every run, or the benchmarks of
+//! loading the seccomp filter and of each isolation mechanism.
 
 use clap::Parser;
 use sandboxd::{check, config, daemon, isolate};
@@ -9,6 +9,10 @@ fn main() {
     // The helper must decide before anything starts a thread.
     if std::env::args_os().nth(1).is_some_and(|a| a == isolate::HELPER_ARG) {
         isolate::slot::main();
+    }
+    // bench/bench.py: what each isolation mechanism costs, apart.
+    if std::env::args_os().nth(1).is_some_and(|a| a == isolate::cost::COST_ARG) {
+        isolate::cost::cost_main();
     }
     // bench/bench.py: what loading the seccomp filter costs a process.
     if std::env::args_os().nth(1).is_some_and(|a| a == isolate::seccomp::BENCH_ARG) {

@@ -23,6 +23,7 @@ pub mod attach;
 pub mod caps;
 pub mod cgroup;
 pub mod channel;
+pub mod cost;
 pub mod devfs;
 pub mod drive;
 pub mod fdstream;
