@@ -185,3 +185,34 @@ def test_a_kernel_starts_cold_when_the_pool_has_no_template_for_it(fresh_daemon)
     sandbox = cell(d, sid, SANDBOX)
     assert sandbox["stdout"] == "[1, 2] /mnt/data False\n", sandbox
     assert d.kernel_process(sid)[1] == d.session_uid(sid)
+
+
+def test_a_cell_cancelled_while_its_kernel_starts_is_stopped_and_the_session_lives_on(fresh_daemon):
+    # Without a pool the kernel starts cold (a new interpreter): the cancel comes
+    # while it starts, or just after, in its first cell; either way the cell is
+    # stopped, never answered as if its session were gone.
+    import threading
+
+    d = fresh_daemon(args=["--pool-size", "0"])
+    with d.http() as c:
+        sid = new_session(c, mode="kernel")
+    results = []
+    cell_thread = threading.Thread(target=lambda: results.append(cell(d, sid, "import time\ntime.sleep(30)")))
+    cell_thread.start()
+    with d.http() as c:
+        deadline = time.time() + 10
+        while not c.get(f"/v1/sessions/{sid}").json()["busy"] and time.time() < deadline:
+            time.sleep(0.005)
+        assert c.delete(f"/v1/sessions/{sid}/run").json() == {"status": "cancelled"}
+    cell_thread.join(60)
+    r = results[0]
+    assert (r["status"], r["signal"], r["exit_code"]) == ("killed", "SIGKILL", None), r
+    assert r["stderr"] in (
+        "sandboxd: the run was stopped before its kernel started; nothing of it ran\n",
+        "sandboxd: the run was stopped; the kernel was restarted and its variables are gone\n",
+    ), r
+    # The session lives on, and its next cell starts a kernel.
+    with d.http() as c:
+        assert c.get(f"/v1/sessions/{sid}").status_code == 200
+    after = cell(d, sid, "print('alive')")
+    assert (after["status"], after["stdout"]) == ("ok", "alive\n"), after

@@ -106,6 +106,9 @@ def template(preload):
     import select
     import socket
 
+    # No collection until the imports are done and frozen (below): one would leave
+    # freed holes in pages the forks share, which their first allocations then copy.
+    gc.disable()
     sock = socket.socket(fileno=os.dup(0))
     _stdin_from_devnull()
     # Nothing this process prints goes anywhere: each run has its own output.
@@ -124,8 +127,8 @@ def template(preload):
     except BaseException:
         pass
     # What the imports made stays for good: out of the collector's sight, so that a
-    # collection in a fork does not write to (and so copy) every page of it.
-    gc.collect()
+    # collection in a fork does not write to (and so copy) every page of it. The
+    # forks collect again (_forked); gc.get_objects() there does not list it.
     gc.freeze()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -162,10 +165,12 @@ def template(preload):
 def _forked(enter, spec, template_sock, fds):
     """In a fork of the template: become the run's sandbox, then run its code."""
     try:
+        import gc
         import json
         import select
         import socket
 
+        gc.enable()  # off in the template, which froze what it holds
         _library, stdout, stderr, run_fd, report_fd = fds
         os.set_inheritable(run_fd, False)  # the run's programs inherit stdio only
         os.dup2(stdout, 1)
@@ -227,18 +232,19 @@ def _rehearse():
     a page fault (~350 for a `print(1)`, ~3 ms on the project's VM). Taken here,
     they are not in the run's time; a run touches these pages anyway. Nothing of it
     stays: no output, no figure, no handler, sys.path as it was."""
+    path = list(sys.path)
     try:
         import json
 
         msg = json.loads('{"code": "", "run_id": "rehearsal", "autosave": false, "env": {}}')
-        path = list(sys.path)
         run(msg["code"], msg["run_id"], bool(msg["autosave"]), {})
-        sys.path[:] = path
         for stream in (sys.stdout, sys.stderr):
             stream.write("")
             stream.flush()
     except BaseException:
         pass
+    finally:
+        sys.path[:] = path
 
 
 def _kernel(source, sock):

@@ -83,9 +83,10 @@ pub enum Error {
     Channel(std::io::Error),
     #[error("the kernel did not start: {0}")]
     Start(String),
-    /// The session was closed while its kernel started: none is left running.
-    #[error("the session was closed while its kernel started")]
-    Closed,
+    /// The run was stopped (cancelled, its session closing, the daemon stopping)
+    /// while its kernel started: none is left running.
+    #[error("the run was stopped while its kernel started")]
+    Stopped,
 }
 
 /// One cell, as the daemon sends it.
@@ -227,9 +228,10 @@ const READY_WITHIN: Duration = Duration::from_secs(60);
 /// cell's own output): shown when it ends at once.
 const OUTSIDE_CELLS: usize = 64 * 1024;
 
-/// Once the session is cancelled (closed, or the daemon stopping; dropped counts
-/// too): a kernel still starting then is ended, not handed to a closed session.
-async fn closed(mut cancel: watch::Receiver<bool>) {
+/// Once the run is cancelled (a cancel request, its session closing, the daemon
+/// stopping; dropped counts too): a kernel still starting then is ended, not
+/// handed to a session that may be closed.
+async fn stopped(mut cancel: watch::Receiver<bool>) {
     let _ = cancel.wait_for(|c| *c).await;
 }
 
@@ -309,7 +311,7 @@ impl Kernel {
     ) -> Result<(Kernel, bool), Error> {
         match Kernel::from_template(pool, tier, &s, cancel.clone()).await {
             Some(Ok(kernel)) => return Ok((kernel, true)),
-            Some(Err(e @ Error::Closed)) => return Err(e),
+            Some(Err(e @ Error::Stopped)) => return Err(e),
             // Nothing of the session's ran: a cold kernel takes over.
             Some(Err(e)) => {
                 tracing::warn!(session_id = %s.session_id, error = %e, "a kernel could not start in a pooled template; starting it cold")
@@ -317,7 +319,7 @@ impl Kernel {
             None => {}
         }
         if *cancel.borrow() {
-            return Err(Error::Closed);
+            return Err(Error::Stopped);
         }
         Kernel::cold(sandboxes, s, cancel).await.map(|k| (k, false))
     }
@@ -363,7 +365,7 @@ impl Kernel {
         let outcome = tokio::select! {
             r = tokio::time::timeout(READY_WITHIN, ready) => r.map_err(|_| Error::Start(format!("it was not ready within {} s", READY_WITHIN.as_secs()))).and_then(|r| r.map_err(Error::Start)),
             ended = &mut task => Err(Error::Start(ended_at_once(ended))),
-            () = closed(cancel) => Err(Error::Closed),
+            () = stopped(cancel) => Err(Error::Stopped),
         };
         Some(match outcome {
             Ok(()) => Ok(Kernel {
@@ -377,7 +379,10 @@ impl Kernel {
             }),
             Err(e) => {
                 let _ = stop.send(true);
-                let _ = task.await;
+                // Not when its end is what failed the start: the handle is spent then.
+                if !task.is_finished() {
+                    let _ = task.await;
+                }
                 Err(e)
             }
         })
@@ -432,7 +437,7 @@ impl Kernel {
         let outcome = tokio::select! {
             r = tokio::time::timeout(READY_WITHIN, ready) => r.map_err(|_| Error::Start(format!("it was not ready within {} s", READY_WITHIN.as_secs()))).and_then(|r| r.map_err(Error::Start)),
             ended = &mut task => Err(Error::Start(ended_at_once(ended))),
-            () = closed(closing) => Err(Error::Closed),
+            () = stopped(closing) => Err(Error::Stopped),
         };
         match outcome {
             // The cgroup was sent before the sandbox started.
@@ -447,7 +452,10 @@ impl Kernel {
             }),
             Err(e) => {
                 let _ = cancel.send(true);
-                let _ = task.await;
+                // Not when its end is what failed the start: the handle is spent then.
+                if !task.is_finished() {
+                    let _ = task.await;
+                }
                 Err(e)
             }
         }

@@ -365,7 +365,9 @@ async fn execute_cell(
     let run_id = run_id.to_string();
     let started = std::time::Instant::now();
     let secrets = lease.secrets();
-    let (existing, fresh) = lease_kernel(ctx, lease, &req.code, &run_id).await?;
+    let Some((existing, fresh)) = lease_kernel(ctx, lease, &req.code, &run_id).await? else {
+        return Ok(stopped_before_its_kernel(lease, &run_id, started.elapsed()));
+    };
     if fresh {
         lease.mark_kernel_started();
     }
@@ -473,6 +475,35 @@ async fn execute_cell(
     Ok(result)
 }
 
+/// A cell stopped (cancelled, its session closing, the daemon stopping) while its
+/// kernel started: nothing of it ran, as a running cell stopped says.
+fn stopped_before_its_kernel(lease: &Lease, run_id: &str, took: Duration) -> RunResult {
+    let status = Ending { killed: true, ..Ending::default() }.status();
+    metrics::global().run_ended(
+        metrics::Mode::Kernel,
+        "python",
+        status.as_str(),
+        &metrics::Phases { setup: took, ..metrics::Phases::default() },
+    );
+    tracing::info!(run_id = %run_id, session_id = %lease.id, "cell stopped before its kernel started");
+    RunResult {
+        run_id: run_id.to_string(),
+        session_id: lease.public_id.clone(),
+        status,
+        exit_code: None,
+        signal: Some(signal_name(libc::SIGKILL)),
+        stdout: String::new(),
+        stderr: "sandboxd: the run was stopped before its kernel started; nothing of it ran\n".to_string(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        duration_ms: took.as_millis() as u64,
+        artifacts: vec![],
+        artifacts_truncated: false,
+        usage: RunUsage::default(),
+        kernel: Some(KernelFields { result: None, exception: None, kernel_restarted: false }),
+    }
+}
+
 /// The session's package layer for a run; none when the disk has no room for one
 /// (the run goes on without: its code's `pip install` has nowhere to go).
 async fn layer_of(lease: &Lease) -> Result<Option<PathBuf>, Error> {
@@ -506,19 +537,25 @@ const KERNEL_LOST: &str =
     "sandboxd: the daemon restarted since this session's last cell: this kernel is new, and earlier variables are gone\n";
 
 /// The session's kernel, started now if it has none (or its last one died), and
-/// whether it was started now. A new kernel starts in a fork of a pooled template
-/// of the tier `code` (the cell it starts for) would run in as a script run
-/// ([`crate::pool::kernel`]), or cold when the pool has none.
-async fn lease_kernel(ctx: &Context, lease: &Lease, code: &str, run_id: &str) -> Result<(kernel::Kernel, bool), Error> {
+/// whether it was started now; `None` when the run was stopped while it started.
+/// A new kernel starts in a fork of a pooled template of the tier `code` (the cell
+/// it starts for) would run in as a script run ([`crate::pool::kernel`]), or cold
+/// when the pool has none.
+async fn lease_kernel(
+    ctx: &Context,
+    lease: &Lease,
+    code: &str,
+    run_id: &str,
+) -> Result<Option<(kernel::Kernel, bool)>, Error> {
     if let Some(k) = lease.take_kernel().await {
-        return Ok((k, false));
+        return Ok(Some((k, false)));
     }
     // Made before the kernel starts: packages installed later are seen in it.
     let layer = layer_of(lease).await?;
     let net = Net::of(ctx, lease, run_id)?;
     let env = net.as_ref().map(|n| n.env.clone()).unwrap_or_default();
     let tier = ctx.pool.tier(&lease.policy, code);
-    let (kernel, pooled) = kernel::Kernel::start(
+    let started = kernel::Kernel::start(
         &ctx.sandboxes,
         &ctx.pool,
         &tier.name,
@@ -532,13 +569,15 @@ async fn lease_kernel(ctx: &Context, lease: &Lease, code: &str, run_id: &str) ->
         },
         lease.cancel.clone(),
     )
-    .await
-    .map_err(|e| match e {
-        kernel::Error::Closed => Error::Closed(lease.public_id.clone()),
-        e => Error::internal("starting the session's kernel", e),
-    })?;
-    tracing::info!(session_id = %lease.id, pooled, tier = %tier.name, "kernel started");
-    Ok((kernel, true))
+    .await;
+    match started {
+        Ok((kernel, pooled)) => {
+            tracing::info!(session_id = %lease.id, pooled, tier = %tier.name, "kernel started");
+            Ok(Some((kernel, true)))
+        }
+        Err(kernel::Error::Stopped) => Ok(None),
+        Err(e) => Err(Error::internal("starting the session's kernel", e)),
+    }
 }
 
 /// A cell's final value as results show it: its text by mime type.

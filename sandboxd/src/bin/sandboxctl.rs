@@ -268,24 +268,45 @@ fn requirements_file(path: &std::path::Path) -> Result<Vec<String>, ClientError>
     })
 }
 
-/// [`requirements_file`]'s parse: the requirements, or the first bad line (from 1)
-/// and what is wrong with it.
+/// [`requirements_file`]'s parse, as pip reads such a file: a leading BOM dropped,
+/// lines ending in `\` joined to the next, a comment from a `#` at a line's start or
+/// after whitespace. The requirements, or the first bad line (from 1) and what is
+/// wrong with it: a pip option, on a line of its own or after a requirement
+/// (`--hash=…`). What the daemon refuses of a requirement itself (a URL, a path,
+/// an environment marker) it says why.
 fn parse_requirements(text: &str) -> Result<Vec<String>, (usize, String)> {
-    let mut out = vec![];
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    // Logical lines, each with the number of the line it starts on.
+    let mut logical: Vec<(usize, String)> = vec![];
+    let mut open = false;
     for (i, line) in text.lines().enumerate() {
-        let line = match line.find(" #").or_else(|| line.find("\t#")) {
-            Some(at) => &line[..at],
-            None => line,
+        let (body, continued) = match line.strip_suffix('\\') {
+            Some(head) => (head, true),
+            None => (line, false),
         };
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        match logical.last_mut() {
+            Some((_, joined)) if open => {
+                joined.push(' ');
+                joined.push_str(body);
+            }
+            _ => logical.push((i + 1, body.to_string())),
+        }
+        open = continued;
+    }
+    let mut out = vec![];
+    for (first, line) in logical {
+        let cut = line
+            .char_indices()
+            .find(|&(at, c)| c == '#' && (at == 0 || line[..at].chars().next_back().is_some_and(char::is_whitespace)));
+        let requirement = cut.map_or(line.as_str(), |(at, _)| &line[..at]).trim();
+        if requirement.is_empty() {
             continue;
         }
-        if line.starts_with('-') {
-            let option = line.split_whitespace().next().unwrap_or(line);
-            return Err((i + 1, format!("pip option {option} is not supported")));
+        if let Some(option) = requirement.split_whitespace().find(|word| word.starts_with('-')) {
+            let option = option.split('=').next().unwrap_or(option);
+            return Err((first, format!("pip option {option} is not supported")));
         }
-        out.push(line.to_string());
+        out.push(requirement.to_string());
     }
     Ok(out)
 }
@@ -632,6 +653,19 @@ mod tests {
             (1, "pip option --index-url is not supported".into())
         );
         assert_eq!(parse_requirements("\n# nothing\n").unwrap(), Vec::<String>::new());
+        // A comment starts at the first `#` after whitespace, whichever whitespace.
+        assert_eq!(parse_requirements("a>=1\t# x #y\nb # c\t#d\n").unwrap(), ["a>=1", "b"]);
+        // Not inside a word: a URL's fragment is the daemon's to refuse, with the rest.
+        assert_eq!(parse_requirements("p @ https://x/p.whl#sha256=00").unwrap(), ["p @ https://x/p.whl#sha256=00"]);
+        // A BOM, and lines joined by a trailing backslash.
+        assert_eq!(parse_requirements("\u{feff}six==1.16.0\n").unwrap(), ["six==1.16.0"]);
+        assert_eq!(parse_requirements("six\\\n  ==1.16.0\n").unwrap(), ["six   ==1.16.0"]);
+        assert_eq!(parse_requirements("a\nsix\\").unwrap(), ["a", "six"]);
+        // An option after a requirement (pip-compile's hashes), at the line it starts on.
+        assert_eq!(
+            parse_requirements("x\na==1 \\\n    --hash=sha256:00\n").unwrap_err(),
+            (2, "pip option --hash is not supported".into())
+        );
     }
 
     #[test]

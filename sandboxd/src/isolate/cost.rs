@@ -165,7 +165,7 @@ fn once(step: &Step) -> Result<u64, String> {
 /// steps in order with each one's median wall time in the fork (µs) and the
 /// machine's CPU time per fork beyond a bare fork's (ms). Never returns.
 pub fn cost_main() -> ! {
-    let rounds: usize = std::env::args().nth(2).and_then(|n| n.parse().ok()).unwrap_or(8);
+    let rounds: usize = std::env::args().nth(2).and_then(|n| n.parse().ok()).unwrap_or(8).max(1);
     let fail = |e: &dyn std::fmt::Display| -> ! {
         eprintln!("sandboxd: {e}");
         std::process::exit(1)

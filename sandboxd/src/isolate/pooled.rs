@@ -73,6 +73,20 @@ pub struct Forked {
     listener: Option<OwnedFd>,
 }
 
+/// A template's fork as [`drive`] supervises it: its output pipes and its init, no
+/// helper of its own (the template's helper serves it).
+fn forks_run(stdout: OwnedFd, stderr: OwnedFd, init_pid: i32) -> Launched {
+    Launched {
+        control: None,
+        stdout: Some(stdout),
+        stderr: Some(stderr),
+        helper_pid: None,
+        init_pid: Some(init_pid),
+        warnings: vec![],
+        listener: None,
+    }
+}
+
 fn fork_failed(error: &str) -> Error {
     Error::Setup { step: "fork".into(), error: error.into() }
 }
@@ -368,15 +382,7 @@ impl PooledTemplate {
     ) -> Result<Outcome, Error> {
         self.served += 1;
         let Forked { mut program, mut report, stdout, stderr, init_pid, init_pidfd, .. } = running.0;
-        let mut run = Launched {
-            control: None,
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-            helper_pid: None,
-            init_pid: Some(init_pid),
-            warnings: vec![],
-            listener: None,
-        };
+        let mut run = forks_run(stdout, stderr, init_pid);
         let started = Instant::now();
         let ended: Done<'_> = Box::pin(async { Some(run_ended(&mut program, &mut report, &bounds.id).await) });
         // A pooled run's only target is its init, signalled through its pidfd: the
@@ -408,15 +414,7 @@ impl PooledTemplate {
     ) -> Result<Outcome, Error> {
         let KernelFork { mut report, stdout, stderr, init_pid, init_pidfd } = fork;
         let baseline = Baseline::take(&self.slot.cg, 1);
-        let mut run = Launched {
-            control: None,
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-            helper_pid: None,
-            init_pid: Some(init_pid),
-            warnings: vec![],
-            listener: None,
-        };
+        let mut run = forks_run(stdout, stderr, init_pid);
         let ended: Done<'_> = Box::pin(async { Some(report_ended(&mut report, &bounds.id).await) });
         // Through the pidfd, as a pooled run's: its outer process reaps the init.
         let kill = |_init: i32, sig| process::pidfd_signal(&init_pidfd, sig);

@@ -16,7 +16,7 @@
 //! lives: at most [`MAX_KERNEL_TEMPLATES`] at once, so the pool always has uids
 //! for its own templates; past that, kernels start cold.
 
-use super::{Fallback, Job, Pool};
+use super::{place, Fallback, Job, Pool};
 use crate::isolate::cgroup::RunCgroup;
 use crate::isolate::message::RunCode;
 use crate::isolate::{self, Bounds, Outcome};
@@ -77,10 +77,16 @@ impl Pool {
         cancel: watch::Receiver<bool>,
     ) -> Option<Result<KernelFork, Fallback>> {
         let hold = Hold::take(&self.kernels)?;
-        let (mut template, taken_at) = self.take(tier, cancel).await?;
+        let (mut template, taken_at) = self.take(tier, cancel.clone()).await?;
         {
-            // Gone from the pool's books: its refill makes another.
             let mut st = self.lock();
+            if *cancel.borrow() {
+                // Handed over just as the run was stopped: it serves another.
+                st.untaken(tier, taken_at);
+                place(&mut st, tier, template);
+                return None;
+            }
+            // Gone from the pool's books: its refill makes another.
             st.stop_running(tier, taken_at);
             st.returned(tier, false);
         }
