@@ -235,6 +235,15 @@ async fn stopped(mut cancel: watch::Receiver<bool>) {
     let _ = cancel.wait_for(|c| *c).await;
 }
 
+/// End a kernel whose start failed: stop its sandbox and wait for its task, unless
+/// the task's end is what failed the start (its handle is spent then).
+async fn abandon(stop: &watch::Sender<bool>, task: JoinHandle<Result<Outcome, isolate::Error>>) {
+    let _ = stop.send(true);
+    if !task.is_finished() {
+        let _ = task.await;
+    }
+}
+
 /// Wait for the kernel's first line, which must be `ready`.
 async fn ready(channel: &mut Channel<tokio::net::UnixStream>) -> Result<(), String> {
     match channel.recv::<KernelMessage>().await {
@@ -378,11 +387,7 @@ impl Kernel {
                 egress,
             }),
             Err(e) => {
-                let _ = stop.send(true);
-                // Not when its end is what failed the start: the handle is spent then.
-                if !task.is_finished() {
-                    let _ = task.await;
-                }
+                abandon(&stop, task).await;
                 Err(e)
             }
         })
@@ -451,11 +456,7 @@ impl Kernel {
                 egress,
             }),
             Err(e) => {
-                let _ = cancel.send(true);
-                // Not when its end is what failed the start: the handle is spent then.
-                if !task.is_finished() {
-                    let _ = task.await;
-                }
+                abandon(&cancel, task).await;
                 Err(e)
             }
         }
