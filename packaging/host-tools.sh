@@ -68,6 +68,23 @@ elif [ "${1:-}" = "--test" ] && ! command -v python3 >/dev/null 2>&1; then
   missing_pkgs+=(python3-venv)
 fi
 
+# The console's browser tests (tests/test_console.py) drive Debian's headless
+# Chromium through its chromedriver. Installed apart, and never fatal here: Ubuntu
+# ships Chromium only as a snap, which a container or CI host may not run (the tests
+# then say so: skipped outside CI, failed in it).
+if [ "${1:-}" = "--test" ] && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
+  if [ "$(id -u)" -eq 0 ] && [ -r /etc/os-release ] && [ "$(. /etc/os-release && echo "${ID:-}")" = debian ]; then
+    say "installing chromium and chromium-driver with apt-get (once): the console's browser tests"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/tmp/sandboxd-apt-browser.log 2>&1; then
+      apt-get update -q >>/tmp/sandboxd-apt-browser.log 2>&1 || true
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >>/tmp/sandboxd-apt-browser.log 2>&1 \
+        || say "apt-get install chromium chromium-driver failed (log: /tmp/sandboxd-apt-browser.log): the console's browser tests cannot run"
+    fi
+  else
+    say "no /usr/bin/chromium and /usr/bin/chromedriver: the console's browser tests need them (Debian: apt-get install chromium chromium-driver)"
+  fi
+fi
+
 # Cargo first: it cannot come from the distribution's packages in a version this
 # workspace builds with, and sudo's PATH often hides a user's ~/.cargo/bin.
 if ! command -v "${CARGO:-cargo}" >/dev/null 2>&1; then

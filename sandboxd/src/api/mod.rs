@@ -8,7 +8,9 @@
 //! runs the code through [`crate::run`] and [`crate::isolate`]. The MCP tools
 //! ([`crate::tools`], served by [`mcp`] at `/mcp`) call the same service. Every error is an
 //! [`error::ApiError`]; the service's errors are mapped to them in `error.rs`.
+//! [`console`] serves the web page (`GET /`) that calls this API from a browser.
 
+pub mod console;
 pub mod error;
 pub mod files;
 mod hold;
@@ -121,9 +123,16 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/sessions/{id}/files", get(files::list))
         .route("/v1/sessions/{id}/files/{*path}", get(files::download).put(files::upload).delete(files::remove))
         .layer(axum::middleware::from_fn_with_state((state.clone(), listener), auth));
+    // The console is for a browser, which reaches the HTTP listener only. Its page
+    // and assets need no token: the page asks the person for one.
+    let console = match listener {
+        Listener::Http => console::routes(),
+        Listener::Unix => Router::new(),
+    };
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi::document))
+        .merge(console)
         .merge(api)
         .route_layer(axum::middleware::from_fn(surface::json_type))
         .method_not_allowed_fallback(method_not_allowed)

@@ -1,0 +1,46 @@
+"""Takes the console's screenshots in docs/ (run as root from the repo after `make
+test` set up its venv): target/test-venv/bin/python docs/screenshots.py
+
+A daemon of the test harness, Debian's headless Chromium, one session with a plot."""
+
+import sys
+import time
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+sys.path.insert(0, str(here.parent / "tests"))
+from harness import Daemon, scratch_dir  # noqa: E402
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+d = Daemon(scratch_dir("shots-")).start()
+opts = webdriver.ChromeOptions()
+opts.binary_location = "/usr/bin/chromium"
+for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,900", "--hide-scrollbars"):
+    opts.add_argument(a)
+driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+try:
+    with d.http() as c:
+        sid = c.post("/v1/sessions", json={"id": "analysis"}).json()["id"]
+        c.put(f"/v1/sessions/{sid}/files/sales.csv", content=b"month,amount\njan,10\nfeb,14\nmar,9\napr,21\n")
+        c.post("/v1/sessions", json={"id": "scratch", "mode": "kernel"})
+    driver.get(d.url + f"/#/s/{sid}")
+    wait = WebDriverWait(driver, 60)
+    wait.until(lambda dr: dr.find_elements(By.CSS_SELECTOR, "#code"))
+    editor = driver.find_element(By.CSS_SELECTOR, "#code")
+    editor.send_keys("import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(df.describe())\n"
+                     "ax = df.plot.bar(x='month', y='amount', title='Sales')\n")
+    driver.find_element(By.CSS_SELECTOR, "#run").click()
+    wait.until(lambda dr: dr.execute_script(
+        "const i = document.querySelector('#figures img'); return i && i.complete && i.naturalWidth > 0"))
+    time.sleep(0.5)
+    driver.save_screenshot(str(here / "console-session.png"))
+    driver.get(d.url + "/#/")
+    driver.refresh()
+    wait.until(lambda dr: dr.find_elements(By.CSS_SELECTOR, "tr[data-session]"))
+    driver.save_screenshot(str(here / "console-sessions.png"))
+finally:
+    driver.quit()
+    d.stop()

@@ -1,0 +1,293 @@
+"""The web console (GET / on the HTTP listener), driven in a real browser: Debian's
+headless Chromium through Selenium and Debian's chromedriver (installed by
+packaging/host-tools.sh --test), against a real daemon.
+
+What a person does (create a session, run a plot and see it, watch output stream,
+upload a CSV and use it, download a figure, keep a kernel's variable, read the
+history after a restart), what a run must not do to the page (markup, scripts and
+handlers in output, file names, figures and a kernel's HTML run nothing), and what
+a token sees."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import new_session, require
+from harness import scratch_dir
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+# A page-wide flag every XSS probe below tries to set; the page never sets it.
+PROBE = "window.__pwned"
+
+
+@pytest.fixture(scope="module")
+def downloads():
+    d = scratch_dir("console-downloads-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(downloads):
+    require(Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(),
+            "Debian's chromium and chromium-driver (packaging/host-tools.sh --test)")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+              "--window-size=1400,1000", f"--user-data-dir={scratch_dir('console-profile-')}"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                           "download.prompt_for_download": False})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def wait(driver, cond, timeout=30, what="the page"):
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: cond(d))
+    except TimeoutException:
+        raise AssertionError(f"timed out waiting for {what}; page text:\n{driver.find_element(By.TAG_NAME, 'body').text[:3000]}")
+
+
+def find(driver, css):
+    return driver.find_element(By.CSS_SELECTOR, css)
+
+
+def open_console(driver, daemon, fragment="#/"):
+    driver.get(daemon.url + "/" + fragment)
+    driver.refresh()  # a new fragment alone does not load the page again
+    wait(driver, lambda d: "Loading" not in find(d, "main").text, what="the console to load")
+
+
+def run_cell(driver, code, timeout=60):
+    editor = find(driver, "#code")
+    editor.clear()
+    editor.send_keys(code)
+    editor.send_keys(Keys.CONTROL, Keys.ENTER)
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#status-badge"), timeout, "the run's result")
+    return find(driver, "#status-badge").text
+
+
+def csp_violations(driver):
+    return [e for e in driver.get_log("browser") if "Content Security Policy" in e.get("message", "")]
+
+
+def test_the_console_is_served_with_a_strict_policy_on_http_only(daemon):
+    with daemon.http() as c:
+        page = c.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"] == "text/html; charset=utf-8"
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self';" in csp and "unsafe" not in csp and "frame-ancestors 'none'" in csp
+        assert page.headers["x-content-type-options"] == "nosniff"
+        assert page.headers["x-frame-options"] == "DENY"
+        for asset, kind in (("/console/console.js", "text/javascript"), ("/console/console.css", "text/css")):
+            r = c.get(asset)
+            assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
+            assert r.headers["content-security-policy"] == csp
+        # The guard holds for the console too: a name the daemon does not serve (DNS
+        # rebinding) is refused before any page.
+        rebound = c.get("/", headers={"Host": "attacker.example"})
+        assert rebound.status_code == 403
+        assert c.get("/console/other.js").status_code == 404
+    with daemon.uds() as u:
+        assert u.get("/").status_code == 404  # no browser reaches the socket
+
+
+def test_a_person_creates_a_session_runs_a_plot_and_sees_it(browser, daemon):
+    open_console(browser, daemon)
+    find(browser, "#create-session").click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#code"), what="the session page")
+    sid = find(browser, "#session-id").text
+    with daemon.http() as c:
+        assert c.get(f"/v1/sessions/{sid}").status_code == 200
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('console')\nprint('plotted')"
+    assert run_cell(browser, code) == "ok"
+    assert "plotted" in find(browser, "#output").text
+    img = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#figures img"), what="the figure")[0]
+    wait(browser, lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100,
+         what="the figure to decode")
+    assert img.get_attribute("src").startswith("blob:")
+    # The run is in the history, and the session in the list.
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#history details.run"), what="the history")
+    open_console(browser, daemon)
+    assert find(browser, f'tr[data-session="{sid}"]')
+    assert csp_violations(browser) == []
+
+
+def test_output_streams_line_by_line_while_the_run_goes_on(browser, daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+    open_console(browser, daemon, f"#/s/{sid}")
+    editor = find(browser, "#code")
+    editor.send_keys("import time\nfor i in range(4):\n    print('line', i, flush=True)\n    time.sleep(0.7)\n")
+    find(browser, "#run").click()
+    wait(browser, lambda d: "line 0" in find(d, "#output").text, what="the first line")
+    # The first line is on the page while the run is still going: not one answer at the end.
+    assert "line 3" not in find(browser, "#output").text
+    assert find(browser, "#run").get_attribute("disabled") is not None
+    wait(browser, lambda d: "line 1" in find(d, "#output").text and "line 3" not in find(d, "#output").text,
+         what="the second line before the last")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#status-badge"), what="the result")
+    assert find(browser, "#output").text.splitlines() == [f"line {i}" for i in range(4)]
+
+
+def test_an_uploaded_csv_is_previewed_and_used_and_a_figure_is_downloaded(browser, daemon, downloads):
+    with daemon.http() as c:
+        sid = new_session(c)
+    src = scratch_dir("console-upload-") / "sales.csv"
+    src.write_text("month,amount\njan,10\n\"feb, \"\"late\"\"\",20\nmar,30\n")
+    open_console(browser, daemon, f"#/s/{sid}")
+    find(browser, "#upload-input").send_keys(str(src))
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'li[data-path="sales.csv"]'), what="the uploaded file")
+    with daemon.http() as c:
+        assert c.get(f"/v1/sessions/{sid}/files/sales.csv").content == src.read_bytes()
+    find(browser, 'li[data-path="sales.csv"] .file-name').click()
+    cells = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#preview table.csv td"), what="the CSV preview")
+    assert [c.text for c in cells[:6]] == ["jan", "10", 'feb, "late"', "20", "mar", "30"]
+    code = ("import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(len(df))\n"
+            "ax = df.plot(x='month', y='amount')\nax.figure.savefig('sales.png')")
+    assert run_cell(browser, code) == "ok"
+    assert find(browser, "#output").text.strip() == "3"
+    row = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'li[data-path="sales.png"]'), what="the figure's file")[0]
+    row.find_element(By.CSS_SELECTOR, ".download").click()
+    with daemon.http() as c:
+        want = c.get(f"/v1/sessions/{sid}/files/sales.png").content
+    saved = Path(downloads) / "sales.png"
+    wait(browser, lambda d: saved.exists() and saved.read_bytes() == want, what="the downloaded figure")
+
+
+def test_a_kernel_session_keeps_a_variable_and_shows_its_result(browser, daemon):
+    open_console(browser, daemon)
+    browser.find_element(By.CSS_SELECTOR, "#new-mode option[value=kernel]").click()
+    find(browser, "#create-session").click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#code"), what="the session page")
+    assert run_cell(browser, "x = 41") == "ok"
+    assert run_cell(browser, "x + 1") == "ok"
+    assert find(browser, "#result .kernel-result").text == "42"
+    assert run_cell(browser, "1 / 0") == "error"
+    assert "ZeroDivisionError" in find(browser, "#result .exception").text
+
+
+XSS_OUTPUT = ("print('<script>" + PROBE + "=1</script><img src=x onerror=\"" + PROBE + "=2\">')\n"
+              "import sys; print('<svg onload=\"" + PROBE + "=3\">', file=sys.stderr)\n")
+XSS_FILES = (
+    "open('<img src=x onerror=" + PROBE.replace("window.", "") + "=4>.txt', 'w').write('<script>" + PROBE + "=5</script>')\n"
+    "svg = '<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"40\" height=\"40\" onload=\"" + PROBE + "=6\">'"
+    " + '<script>" + PROBE + "=7</script><rect width=\"40\" height=\"40\"/></svg>'\n"
+    "open('evil.svg', 'w').write(svg)\n"
+    "open('page.html', 'w').write('<script>" + PROBE + "=8</script>')\n"
+)
+
+
+def test_nothing_a_run_writes_runs_in_the_page(browser, daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+    open_console(browser, daemon, f"#/s/{sid}")
+    assert run_cell(browser, XSS_OUTPUT + XSS_FILES) == "ok"
+    out = find(browser, "#output").text
+    assert "<script>window.__pwned=1</script>" in out and '<svg onload="window.__pwned=3">' in out  # shown as text
+    files = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "ul.files li"), what="the files")
+    names = {li.get_attribute("data-path") for li in files}
+    assert "<img src=x onerror=__pwned=4>.txt" in names and "evil.svg" in names
+    # Preview each: the text file as text, the SVG as an image (its scripts do not run).
+    for name in ("<img src=x onerror=__pwned=4>.txt", "evil.svg", "page.html"):
+        li = next(li for li in find_all(browser, "ul.files li") if li.get_attribute("data-path") == name)
+        li.find_element(By.CSS_SELECTOR, ".file-name").click()
+        wait(browser, lambda d: name in find(d, "#preview h3").text and len(find(d, "#preview").text) > len(name)
+             or d.find_elements(By.CSS_SELECTOR, "#preview img"), what=f"the preview of {name}")
+        time.sleep(0.3)
+    assert "<script>window.__pwned=8</script>" in find(browser, "#preview").text
+    assert browser.execute_script("return typeof " + PROBE) == "undefined"
+    assert browser.find_elements(By.CSS_SELECTOR, "main script, main svg, main iframe:not([sandbox])") == []
+
+
+def find_all(driver, css):
+    return driver.find_elements(By.CSS_SELECTOR, css)
+
+
+def test_a_kernels_html_result_is_shown_in_a_frame_that_runs_no_script(browser, daemon):
+    open_console(browser, daemon)
+    browser.find_element(By.CSS_SELECTOR, "#new-mode option[value=kernel]").click()
+    find(browser, "#create-session").click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#code"), what="the session page")
+    code = ("import pandas as pd\n"
+            "class Evil(pd.DataFrame):\n"
+            "    def _repr_html_(self):\n"
+            "        return '<table><tr><td id=cell>safe</td></tr></table><script>parent." + PROBE.replace("window.", "")
+            + "=9;document.title=\"x\"</script><img src=x onerror=\"parent." + PROBE.replace("window.", "") + "=10\">'\n"
+            "Evil({'a': [1]})")
+    assert run_cell(browser, code) == "ok"
+    frame = find(browser, "#result iframe")
+    assert frame.get_attribute("sandbox") == ""
+    browser.switch_to.frame(frame)
+    try:
+        assert find(browser, "#cell").text == "safe"  # the table is shown
+        assert browser.execute_script("return document.title") != "x"
+    finally:
+        browser.switch_to.default_content()
+    time.sleep(0.5)
+    assert browser.execute_script("return typeof " + PROBE) == "undefined"
+
+
+def test_the_history_survives_a_daemon_restart(browser, fresh_daemon):
+    d = fresh_daemon()
+    with d.http() as c:
+        sid = new_session(c)
+        assert c.post(f"/v1/sessions/{sid}/runs", json={"code": "print('before the restart')"}).json()["status"] == "ok"
+    d.stop()
+    d.start()
+    open_console(browser, d, f"#/s/{sid}")
+    run = wait(browser, lambda d_: d_.find_elements(By.CSS_SELECTOR, "#history details.run"), what="the history")[0]
+    run.find_element(By.TAG_NAME, "summary").click()
+    wait(browser, lambda d_: "before the restart" in run.text, what="the run's record")
+    assert "print('before the restart')" in run.find_element(By.CSS_SELECTOR, "pre.code").text
+
+
+def test_a_token_sees_only_its_own_sessions(browser, fresh_daemon):
+    d = fresh_daemon(tokens=["token-a", "token-b"])
+    with d.http(token="token-a") as a, d.http(token="token-b") as b:
+        mine = new_session(a)
+        theirs = new_session(b)
+    browser.get(d.url + "/#/")
+    browser.execute_script("sessionStorage.clear()")
+    browser.refresh()
+    # No token: the daemon answers 401 and the console asks for one.
+    wait(browser, lambda d_: find(d_, "#token-dialog").get_attribute("open") is not None, what="the token dialog")
+    find(browser, "#token-input").send_keys("token-a")
+    find(browser, "#token-save").click()
+    wait(browser, lambda d_: d_.find_elements(By.CSS_SELECTOR, f'tr[data-session="{mine}"]'), what="token A's session")
+    assert browser.find_elements(By.CSS_SELECTOR, f'tr[data-session="{theirs}"]') == []
+    # Another session's page by its id: the daemon says it is not found for this token.
+    browser.get(d.url + f"/#/s/{theirs}")
+    browser.refresh()
+    wait(browser, lambda d_: "session_not_found" in find(d_, "main").text, what="the refusal")
+    browser.execute_script("sessionStorage.clear()")
+
+
+def test_the_status_page_shows_health_the_pool_and_live_metrics(browser, daemon):
+    open_console(browser, daemon, "#/status")
+    wait(browser, lambda d: find(d, "#health-status").text in ("ok", "degraded"), what="health")
+    assert "templates" in find(browser, "#health").text
+    assert find_all(browser, "#check tr")
+    wait(browser, lambda d: len(find_all(d, "#charts canvas")) == 5, what="the charts")
+    with daemon.http() as c:
+        runs_before = c.get("/metrics").text.count("\n")
+    assert runs_before > 0
+    first = find(browser, "#charts .chart span").text
+    assert first != "–"
