@@ -229,6 +229,34 @@ def isolation_cost(rounds=8):
     return json.loads(out.stdout)
 
 
+def refill(restarts=3):
+    """Seconds from a daemon's start (it holds sessions of a run before) to its pool
+    full: every template the pool makes at start ready (issue 27: within 3 s)."""
+    d = Daemon(scratch_dir("bench-refill-"))
+    times = []
+    try:
+        d.start()
+        with d.http() as c:
+            sid = c.post("/v1/sessions", json={}).json()["id"]
+            c.post("/v1/runs", json={"session_id": sid, "code": "print(1)"})
+        d.wait_pool_ready()
+        full = d.pool()["ready"]
+        for _ in range(restarts):
+            d.stop()
+            t0 = time.perf_counter()
+            d.start()
+            healthy = time.perf_counter() - t0
+            while d.pool()["ready"] < full:
+                time.sleep(0.02)
+            times.append((healthy, time.perf_counter() - t0))
+    finally:
+        d.stop()
+        shutil.rmtree(d.base, ignore_errors=True)
+    times.sort(key=lambda t: t[1])
+    return {"templates": full, "restarts": restarts, "healthy_s": times[len(times) // 2][0], "full_s": times[len(times) // 2][1],
+            "worst_full_s": times[-1][1]}
+
+
 def pool_memory(daemon_pid):
     """The pool templates' cgroup charge split into process memory and page cache:
     the memory cgroups of the daemon's template interpreters (v1 or v2), or None."""
@@ -358,6 +386,7 @@ def main():
         shutil.rmtree(copy_base, ignore_errors=True)
     extra["seccomp_load"] = seccomp_load()
     extra["isolation_cost"] = isolation_cost()
+    extra["refill"] = refill()
 
     print(f"\nsandboxd bench: {args.runs} runs each (plots: fewer), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}\n")
     print(f"| {'workload: system':<50} | {'p50 ms':>7} | {'p95 ms':>7} | {'ratio to bare':>13} |")
@@ -400,6 +429,10 @@ def main():
     print(f"  | {'step':<42} | {'wall us':>8} | {'CPU ms':>7} |")
     for row in cost["steps"]:
         print(f"  | {row['step']:<42} | {row['wall_us']:8.1f} | {row['cpu_ms']:7.2f} |")
+    r = extra["refill"]
+    print(f"\nthe pool after a restart (a daemon holding a session; {r['restarts']} restarts, median): healthy "
+          f"{r['healthy_s']:.2f} s after its start, its {r['templates']} templates ready {r['full_s']:.2f} s after it "
+          f"(slowest {r['worst_full_s']:.2f} s)")
     if args.json:
         print(json.dumps({"rows": {name: r for name, r in results}, **extra}, indent=1))
 
