@@ -8,6 +8,8 @@ history after a restart), what a run must not do to the page (markup, scripts an
 handlers in output, file names, figures and a kernel's HTML run nothing), and what
 a token sees."""
 
+import base64
+import hashlib
 import shutil
 import time
 from pathlib import Path
@@ -93,13 +95,19 @@ def test_the_console_is_served_with_a_strict_policy_on_http_only(daemon):
         assert page.status_code == 200
         assert page.headers["content-type"] == "text/html; charset=utf-8"
         csp = page.headers["content-security-policy"]
-        assert "script-src 'self';" in csp and "unsafe" not in csp and "frame-ancestors 'none'" in csp
+        # One script runs: console.js, by its hash (the page's tag carries it as `integrity`).
+        assert "script-src 'sha256-" in csp and "unsafe" not in csp and "frame-ancestors 'none'" in csp
+        digest = csp.split("script-src '")[1].split("'")[0]
+        assert f'integrity="{digest}"' in page.text
         assert page.headers["x-content-type-options"] == "nosniff"
         assert page.headers["x-frame-options"] == "DENY"
         for asset, kind in (("/console/console.js", "text/javascript"), ("/console/console.css", "text/css")):
             r = c.get(asset)
             assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
             assert r.headers["content-security-policy"] == csp
+            if asset.endswith(".js"):
+                want = "sha256-" + base64.b64encode(hashlib.sha256(r.content).digest()).decode()
+                assert digest == want  # the hash is of the script served
         # The guard holds for the console too: a name the daemon does not serve (DNS
         # rebinding) is refused before any page.
         rebound = c.get("/", headers={"Host": "attacker.example"})
@@ -213,8 +221,73 @@ def test_nothing_a_run_writes_runs_in_the_page(browser, daemon):
              or d.find_elements(By.CSS_SELECTOR, "#preview img"), what=f"the preview of {name}")
         time.sleep(0.3)
     assert "<script>window.__pwned=8</script>" in find(browser, "#preview").text
+    # The SVG was shown from a data: URL (an opaque origin if opened as a page), never
+    # from a blob: URL, which would be of the console's origin.
+    evil = next(li for li in find_all(browser, "ul.files li") if li.get_attribute("data-path") == "evil.svg")
+    evil.find_element(By.CSS_SELECTOR, ".file-name").click()
+    img = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#preview img"), what="the SVG preview")[0]
+    assert img.get_attribute("src").startswith("data:image/svg+xml;base64,")
     assert browser.execute_script("return typeof " + PROBE) == "undefined"
     assert browser.find_elements(By.CSS_SELECTOR, "main script, main svg, main iframe:not([sandbox])") == []
+
+
+def test_a_file_of_the_session_never_runs_as_the_consoles_script(browser, daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        assert c.put(f"/v1/sessions/{sid}/files/g.js", content=PROBE.encode() + b" = 11;").status_code in (200, 201)
+        # A browser asking for it as a script or style sheet is refused; as a page or
+        # a fetch it is served (with `CSP: sandbox`).
+        for dest in ("script", "worker", "style"):
+            r = c.get(f"/v1/sessions/{sid}/files/g.js", headers={"Sec-Fetch-Dest": dest})
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (dest, r.text)
+        for dest in ("document", "empty"):
+            assert c.get(f"/v1/sessions/{sid}/files/g.js", headers={"Sec-Fetch-Dest": dest}).status_code == 200
+        csp = c.get("/").headers["content-security-policy"]
+    assert "script-src 'sha256-" in csp and "'self'" not in csp.split("script-src")[1].split(";")[0]
+    open_console(browser, daemon, f"#/s/{sid}")
+    # Markup that got into the page (as if by a flaw) loading the session's file as
+    # a script: the policy allows only console.js by its hash.
+    browser.execute_script(f"const s = document.createElement('script'); s.src = '/v1/sessions/{sid}/files/g.js';"
+                           "document.body.append(s);")
+    time.sleep(1)
+    assert browser.execute_script("return typeof " + PROBE) == "undefined"
+    assert any("Content Security Policy" in e["message"] for e in browser.get_log("browser"))
+
+
+def test_the_console_works_by_any_name_the_daemon_serves(browser, daemon):
+    """Results and listings carry URLs of the daemon's public_url (here 127.0.0.1):
+    a console opened as localhost still shows and deletes files, through its own origin."""
+    with daemon.http() as c:
+        sid = new_session(c)
+    browser.get(f"http://localhost:{daemon.port}/#/s/{sid}")
+    browser.refresh()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#code"), what="the session page")
+    assert run_cell(browser, "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nopen('x.txt', 'w').write('x')") == "ok"
+    img = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#figures img"), what="the figure")[0]
+    wait(browser, lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100,
+         what="the figure to decode")
+    li = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'li[data-path="x.txt"]'), what="x.txt")[0]
+    browser.execute_script("window.confirm = () => true")
+    li.find_element(By.CSS_SELECTOR, ".delete").click()
+    wait(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, 'li[data-path="x.txt"]'), what="x.txt deleted")
+    with daemon.http() as c:
+        assert c.get(f"/v1/sessions/{sid}/files/x.txt").status_code == 404
+
+
+def test_a_large_workspace_and_a_wide_csv_are_shown_in_part(browser, daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        code = ("import os\nos.mkdir('many')\nfor i in range(620):\n    open(f'many/{i:04}', 'w').close()\n"
+                "open('wide.csv', 'w').write(','.join(f'c{i}' for i in range(5000)) + '\\n' + ','.join('1' * 5000))")
+        assert c.post(f"/v1/sessions/{sid}/runs", json={"code": code}).json()["status"] == "ok"
+    open_console(browser, daemon, f"#/s/{sid}")
+    wait(browser, lambda d: len(find_all(d, "ul.files li")) == 500, what="the first 500 files")
+    find(browser, "#more-files").click()
+    wait(browser, lambda d: len(find_all(d, "ul.files li")) == 621, what="all files")
+    li = next(li for li in find_all(browser, "ul.files li") if li.get_attribute("data-path") == "wide.csv")
+    li.find_element(By.CSS_SELECTOR, ".file-name").click()
+    wait(browser, lambda d: find_all(d, "#preview table.csv th"), what="the CSV preview")
+    assert len(find_all(browser, "#preview table.csv th")) == 50
 
 
 def find_all(driver, css):

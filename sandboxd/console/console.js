@@ -112,24 +112,47 @@ async function api(method, path, opts) {
 
 /** A file of the session as a blob of `type` (an image's own; bytes to save). */
 async function fileBlob(url, type) {
-  const res = await api('GET', url, { raw: true });
+  const res = await api('GET', rel(url), { raw: true });
   const data = await res.arrayBuffer();
   return new Blob([data], { type });
 }
 
-function objectUrl(blob) {
-  const url = URL.createObjectURL(blob);
-  viewUrls.push(url);
-  return url;
+// Image types an <img> shows (an SVG runs no script in one).
+const IMAGE_TYPES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp', 'image/svg+xml'];
+// Larger images are offered for download, not fetched to be shown.
+const MAX_SHOWN_IMAGE = 8 * 1024 * 1024;
+
+/** An API URL as a path of this origin: a listing's and a result's `url` are made
+ * with the daemon's public_url, which may name another host than the page's. */
+function rel(url) {
+  const u = new URL(url, location.href);
+  return u.pathname + u.search;
 }
 
-// Image types an <img> shows; SVG runs no script in one.
-const IMAGE_TYPES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp', 'image/svg+xml'];
+function dataUrl(blob) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(r.result);
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(blob);
+  });
+}
 
-async function imageOf(url, mime) {
-  const img = el('img', { alt: 'figure', class: 'figure' });
+/** An <img> of a session's image file. A raster image is shown from a blob; an SVG
+ * from a data: URL, never a blob: a blob's URL is of this origin, and an SVG opened
+ * from it as a page would run its scripts here. */
+async function imageOf(url, mime, size, urls) {
+  if (size > MAX_SHOWN_IMAGE) {
+    return el('p', { class: 'muted' }, 'An image of ' + bytes(size) + ': too large to show here; download it.');
+  }
+  const img = el('img', { alt: 'figure', class: 'figure', draggable: 'false' });
   try {
-    img.src = objectUrl(await fileBlob(url, IMAGE_TYPES.includes(mime) ? mime : 'application/octet-stream'));
+    const blob = await fileBlob(url, IMAGE_TYPES.includes(mime) ? mime : 'application/octet-stream');
+    if (mime === 'image/svg+xml') img.src = await dataUrl(blob);
+    else {
+      img.src = URL.createObjectURL(blob);
+      (urls || viewUrls).push(img.src);
+    }
   } catch (e) {
     return el('p', { class: 'error' }, 'Could not load the figure: ' + e.message);
   }
@@ -178,7 +201,7 @@ function setupToken() {
 function clearView() {
   viewTimers.forEach(clearInterval);
   viewTimers = [];
-  viewUrls.forEach((u) => URL.revokeObjectURL(u));
+  viewUrls.flat().forEach((u) => URL.revokeObjectURL(u));
   viewUrls = [];
 }
 
@@ -272,9 +295,13 @@ async function sessionView(sid, seq) {
   const history = el('div', { id: 'history' });
 
   let running = null;
+  // The object URLs of the last run's figures, released when the next run starts.
+  const runUrls = [];
+  viewUrls.push(runUrls);
   const run = async () => {
     if (running) return;
     const code = editor.value;
+    runUrls.splice(0).forEach((u) => URL.revokeObjectURL(u));
     put(output);
     put(status, el('span', { class: 'badge busy' }, 'running'));
     put(figures);
@@ -290,7 +317,7 @@ async function sessionView(sid, seq) {
           else output.append(el('span', { class: stream, 'data-stream': stream }, text));
           output.scrollTop = output.scrollHeight;
         },
-        result(r) { showResult(r, { status, figures, result, sid }); },
+        result(r) { showResult(r, { status, figures, result, urls: runUrls }); },
         error(e) { put(status, errorBox(e)); },
       });
     } catch (e) {
@@ -379,7 +406,8 @@ function showResult(r, where) {
     hits.length ? el('span', { class: 'error' }, 'hit: ' + hits.join(', ')) : null);
   for (const a of r.artifacts || []) {
     if (a.kind === 'figure' || IMAGE_TYPES.includes(a.mime_type)) {
-      imageOf(a.url, a.mime_type).then((img) => where.figures.append(el('figure', {}, img, el('figcaption', {}, a.path))));
+      imageOf(a.url, a.mime_type, a.size_bytes, where.urls)
+        .then((img) => where.figures.append(el('figure', {}, img, el('figcaption', {}, a.path))));
     }
   }
   // A kernel session's cell adds these (at the result's top level).
@@ -409,10 +437,15 @@ function kernelResult(bundle) {
 
 // -- files --
 
+// Files listed at first; the rest on request (a workspace may hold 200,000).
+const FILES_SHOWN = 500;
+
 async function loadFiles(sid, box) {
-  let list;
+  let list, partial;
   try {
-    list = await api('GET', '/v1/sessions/' + encodeURIComponent(sid) + '/files');
+    const res = await api('GET', '/v1/sessions/' + encodeURIComponent(sid) + '/files', { raw: true });
+    partial = res.headers.get('sandboxd-listing-partial') === 'true';
+    list = await res.json();
   } catch (e) {
     put(box, errorBox(e));
     return;
@@ -439,22 +472,32 @@ async function loadFiles(sid, box) {
   drop.addEventListener('dragleave', () => drop.classList.remove('over'));
   drop.addEventListener('drop', (ev) => { ev.preventDefault(); drop.classList.remove('over'); upload(ev.dataTransfer.files); });
 
-  const rows = list.map((f) => el('li', { 'data-path': f.path },
+  const row = (f) => el('li', { 'data-path': f.path },
     el('button', { type: 'button', class: 'link file-name', title: 'preview', onclick: () => showPreview(f, preview) }, f.path),
     el('span', { class: 'muted' }, ' ' + bytes(f.size_bytes) + ' '),
     el('button', { type: 'button', class: 'quiet download', onclick: () => download(f.url, f.path).catch((e) => { note.textContent = e.message; }) }, 'Download'),
     el('button', { type: 'button', class: 'quiet delete', onclick: async () => {
       if (!confirm('Delete ' + f.path + '?')) return;
-      try { await api('DELETE', f.url); loadFiles(sid, box); } catch (e) { note.textContent = e.message; }
-    } }, 'Delete')));
-  put(box, drop, note, rows.length ? el('ul', { class: 'files' }, rows) : el('p', { class: 'muted' }, 'No files.'), preview);
+      try { await api('DELETE', rel(f.url)); loadFiles(sid, box); } catch (e) { note.textContent = e.message; }
+    } }, 'Delete'));
+  const ul = el('ul', { class: 'files' }, list.slice(0, FILES_SHOWN).map(row));
+  let more = null;
+  if (list.length > FILES_SHOWN) {
+    more = el('button', { type: 'button', class: 'quiet', id: 'more-files', onclick: () => {
+      ul.append(...list.slice(FILES_SHOWN).map(row));
+      more.remove();
+    } }, 'Show all ' + list.length + ' files');
+  }
+  put(box, drop, note,
+    partial ? el('p', { class: 'muted', id: 'listing-partial' }, 'The workspace holds more files than one listing reports: these are the first, by path.') : null,
+    list.length ? ul : el('p', { class: 'muted' }, 'No files.'), more, preview);
 }
 
 const PREVIEW_BYTES = 65536;
 
 /** The first `limit` bytes of a file (the rest is not read). */
 async function head(url, limit) {
-  const res = await api('GET', url, { raw: true });
+  const res = await api('GET', rel(url), { raw: true });
   const reader = res.body.getReader();
   const parts = [];
   let have = 0;
@@ -479,7 +522,7 @@ async function showPreview(f, box) {
   put(box, el('h3', {}, f.path));
   try {
     if (IMAGE_TYPES.includes(f.mime_type)) {
-      box.append(await imageOf(f.url, f.mime_type));
+      box.append(await imageOf(f.url, f.mime_type, f.size_bytes));
       return;
     }
     const text = new TextDecoder().decode(await head(f.url, PREVIEW_BYTES));
@@ -493,7 +536,11 @@ async function showPreview(f, box) {
   }
 }
 
-/** The first rows of a CSV as a table (quotes and doubled quotes understood). */
+const CSV_COLUMNS = 50;
+const CSV_CELL = 200;
+
+/** The first rows of a CSV as a table (quotes and doubled quotes understood), at
+ * most CSV_COLUMNS columns of at most CSV_CELL characters. */
 function csvTable(text) {
   const rows = [];
   let row = [], cell = '', quoted = false;
@@ -507,9 +554,10 @@ function csvTable(text) {
     else cell += c;
   }
   if ((cell || row.length) && rows.length < 21) { row.push(cell); rows.push(row); }
-  const [head, ...rest] = rows;
+  const cut = (r) => r.slice(0, CSV_COLUMNS).map((c) => (c.length > CSV_CELL ? c.slice(0, CSV_CELL) + '…' : c));
+  const [names, ...rest] = rows.map(cut);
   return el('table', { class: 'csv' },
-    el('thead', {}, el('tr', {}, (head || []).map((h) => el('th', {}, h)))),
+    el('thead', {}, el('tr', {}, (names || []).map((h) => el('th', {}, h)))),
     el('tbody', {}, rest.map((r) => el('tr', {}, r.map((c) => el('td', {}, c))))));
 }
 
@@ -661,5 +709,10 @@ async function statusView(seq) {
 // ---- start -----------------------------------------------------------------------
 
 setupToken();
+// A drop outside the upload area (a file, or a figure dragged from the page) must
+// not navigate the tab to it.
+document.addEventListener('dragover', (ev) => ev.preventDefault());
+document.addEventListener('drop', (ev) => ev.preventDefault());
+document.addEventListener('dragstart', (ev) => { if (ev.target instanceof HTMLImageElement) ev.preventDefault(); });
 window.addEventListener('hashchange', render);
 render();

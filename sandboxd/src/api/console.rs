@@ -7,28 +7,59 @@
 //! Nothing a run made is trusted by the page: its output and file names go in as
 //! text, figures as images (an SVG in an `<img>` runs no script), a kernel's HTML
 //! in a frame sandboxed without scripts, and every answer here carries a
-//! Content-Security-Policy that allows only these files' own script and style.
+//! Content-Security-Policy that allows only this console.js (by its hash) and these
+//! files' own style.
 
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use std::sync::OnceLock;
 
 const INDEX: &str = include_str!("../../console/index.html");
 const SCRIPT: &str = include_str!("../../console/console.js");
 const STYLE: &str = include_str!("../../console/console.css");
 
-/// The page may run and style itself from this origin only, reach nothing but the
-/// API on it, show images from it and from the blobs it made of figures, and be
+/// Where the page's own script is named in it: replaced by the script's hash.
+const INTEGRITY_MARK: &str = "sha256-CONSOLE-JS";
+
+/// The page's policy: it may run one script, this console.js (pinned by its hash,
+/// so no other file of this origin runs as its script, a session's file
+/// included), style itself from this origin only, reach nothing but the API on it,
+/// show images from it and the blobs and `data:` URLs it made of figures, and be
 /// framed by no one. `frame-src 'self'` is for the kernel's HTML results, shown in
 /// `srcdoc` frames sandboxed without scripts.
-pub const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; \
-connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+fn policy() -> &'static str {
+    static POLICY: OnceLock<String> = OnceLock::new();
+    POLICY.get_or_init(|| {
+        format!(
+            "default-src 'none'; script-src '{}'; style-src 'self'; img-src 'self' blob: data:; connect-src 'self'; \
+             frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            script_hash()
+        )
+    })
+}
+
+/// `sha256-<base64>` of console.js, as CSP and Subresource Integrity write it.
+fn script_hash() -> &'static str {
+    static HASH: OnceLock<String> = OnceLock::new();
+    HASH.get_or_init(|| {
+        use base64::Engine;
+        use sha2::Digest;
+        format!("sha256-{}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(SCRIPT.as_bytes())))
+    })
+}
+
+/// The page, its script tag carrying the script's hash (`integrity`).
+fn index() -> &'static str {
+    static PAGE: OnceLock<String> = OnceLock::new();
+    PAGE.get_or_init(|| INDEX.replace(INTEGRITY_MARK, script_hash()))
+}
 
 /// The console's routes, for the HTTP listener's router.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
-        .route("/", get(|| async { asset(INDEX, "text/html; charset=utf-8") }))
+        .route("/", get(|| async { asset(index(), "text/html; charset=utf-8") }))
         .route("/console/console.js", get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }))
         .route("/console/console.css", get(|| async { asset(STYLE, "text/css; charset=utf-8") }))
 }
@@ -37,7 +68,9 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     let mut answer = body.into_response();
     let h = answer.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(POLICY));
+    if let Ok(policy) = HeaderValue::from_str(policy()) {
+        h.insert(header::CONTENT_SECURITY_POLICY, policy);
+    }
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
@@ -53,7 +86,9 @@ mod tests {
 
     #[test]
     fn the_page_loads_only_its_own_script_and_style() {
-        assert!(INDEX.contains(r#"<script src="/console/console.js" defer></script>"#));
+        assert!(INDEX
+            .contains(&format!(r#"<script src="/console/console.js" integrity="{INTEGRITY_MARK}" defer></script>"#)));
+        assert!(index().contains(&format!(r#"integrity="{}""#, script_hash())) && !index().contains(INTEGRITY_MARK));
         assert!(INDEX.contains(r#"<link rel="stylesheet" href="/console/console.css">"#));
         // No inline script or style, no handler attributes, nothing from elsewhere:
         // the policy would block them, so none may be relied on.
@@ -66,9 +101,10 @@ mod tests {
 
     #[test]
     fn the_policy_allows_no_inline_script_and_no_other_origin() {
-        assert!(POLICY.contains("script-src 'self';"));
-        assert!(!POLICY.contains("unsafe"));
-        assert!(POLICY.contains("frame-ancestors 'none'"));
-        assert!(POLICY.contains("connect-src 'self';"));
+        assert!(policy().contains(&format!("script-src '{}';", script_hash())));
+        assert!(script_hash().starts_with("sha256-") && script_hash().len() == 7 + 44);
+        assert!(!policy().contains("unsafe"));
+        assert!(policy().contains("frame-ancestors 'none'"));
+        assert!(policy().contains("connect-src 'self';"));
     }
 }

@@ -93,6 +93,7 @@ pub async fn list(
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", operation_id = "download_file", tag = "files",
     params(("id" = String, Path, description = "the session's id"), ("path" = String, Path, description = "a relative path in the workspace, `/` between its parts: the name's raw bytes percent-encoded, decoded exactly once (so `%252e` is a name holding `%2e`, and `%FF` the byte 0xff; a listing's `url` has it); no `.`, `..` or empty parts, no NUL, at most 4096 bytes")),
+    description = "A browser's request for the file as a script, worker or style sheet (`Sec-Fetch-Dest`) is refused: 403 `forbidden`.",
     responses((status = 200, description = "the file's bytes, with the `Content-Type` its name implies",
         content((FileBytes = "*/*")),
         headers(("content-disposition" = String, description = "`inline; filename=\"...\"; filename*=UTF-8''...` (RFC 6266: an ASCII fallback, then the name percent-encoded)"),
@@ -102,7 +103,17 @@ pub async fn download(
     Extension(caller): Extension<Caller>,
     conn: Option<Extension<crate::serve::Connection>>,
     FileRoute { id, path }: FileRoute,
+    headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
+    if let Some(dest) = headers.get("sec-fetch-dest").and_then(|v| v.to_str().ok()).filter(|d| runs_as_code(d)) {
+        // A page of the daemon's origin (the console) must not run or style itself
+        // with a file a sandbox wrote: `CSP: sandbox` below does not apply to a
+        // script or style sheet, only to a document.
+        return Err(ApiError::new(
+            Code::Forbidden,
+            format!("a session's file is not served as a {dest} (Sec-Fetch-Dest): download it, or open it as a page"),
+        ));
+    }
     let opened = state.service.open_file(&caller, &id, &path).await?;
     let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
         tokio::fs::File::from_std(opened.file),
@@ -127,6 +138,24 @@ pub async fn download(
         body,
     )
         .into_response())
+}
+
+/// Whether a browser would run or apply what it fetches for this destination
+/// (`Sec-Fetch-Dest`) as code of the page that asked: a script, a worker or a style
+/// sheet.
+fn runs_as_code(dest: &str) -> bool {
+    matches!(
+        dest,
+        "script"
+            | "worker"
+            | "sharedworker"
+            | "serviceworker"
+            | "style"
+            | "audioworklet"
+            | "paintworklet"
+            | "xslt"
+            | "json"
+    )
 }
 
 /// `Content-Disposition` for a file named `name` (bytes the sandbox chose: any
