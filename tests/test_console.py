@@ -359,8 +359,12 @@ def test_the_status_page_shows_health_the_pool_and_live_metrics(browser, daemon)
     assert "templates" in find(browser, "#health").text
     assert find_all(browser, "#check tr")
     wait(browser, lambda d: len(find_all(d, "#charts canvas")) == 5, what="the charts")
+    # Each chart shows its figure once the first scrape is in; sessions is the
+    # shared daemon's count, which the page reads from /metrics.
     with daemon.http() as c:
-        runs_before = c.get("/metrics").text.count("\n")
-    assert runs_before > 0
-    first = find(browser, "#charts .chart span").text
-    assert first != "–"
+        sessions = len(c.get("/v1/sessions").json())
+    wait(browser, lambda d: all(s.text != "–" for s in find_all(d, "#charts .chart span")), what="the first scrape")
+    shown = {c.get_attribute("data-series"): c for c in find_all(browser, "#charts canvas")}
+    assert set(shown) == {"runs per second", "sessions", "idle templates", "pool hits per second", "pool misses per second"}
+    values = [s.text for s in find_all(browser, "#charts .chart span")]
+    assert int(values[1]) >= 1 and sessions >= 1
