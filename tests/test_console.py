@@ -210,12 +210,12 @@ def test_nothing_a_run_writes_runs_in_the_page(browser, daemon):
     assert run_cell(browser, XSS_OUTPUT + XSS_FILES) == "ok"
     out = find(browser, "#output").text
     assert "<script>window.__pwned=1</script>" in out and '<svg onload="window.__pwned=3">' in out  # shown as text
-    files = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "ul.files li"), what="the files")
+    files = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "ul.files li.file"), what="the files")
     names = {li.get_attribute("data-path") for li in files}
     assert "<img src=x onerror=__pwned=4>.txt" in names and "evil.svg" in names
     # Preview each: the text file as text, the SVG as an image (its scripts do not run).
     for name in ("<img src=x onerror=__pwned=4>.txt", "evil.svg", "page.html"):
-        li = next(li for li in find_all(browser, "ul.files li") if li.get_attribute("data-path") == name)
+        li = next(li for li in find_all(browser, "ul.files li.file") if li.get_attribute("data-path") == name)
         li.find_element(By.CSS_SELECTOR, ".file-name").click()
         wait(browser, lambda d: name in find(d, "#preview h3").text and len(find(d, "#preview").text) > len(name)
              or d.find_elements(By.CSS_SELECTOR, "#preview img"), what=f"the preview of {name}")
@@ -223,7 +223,7 @@ def test_nothing_a_run_writes_runs_in_the_page(browser, daemon):
     assert "<script>window.__pwned=8</script>" in find(browser, "#preview").text
     # The SVG was shown from a data: URL (an opaque origin if opened as a page), never
     # from a blob: URL, which would be of the console's origin.
-    evil = next(li for li in find_all(browser, "ul.files li") if li.get_attribute("data-path") == "evil.svg")
+    evil = next(li for li in find_all(browser, "ul.files li.file") if li.get_attribute("data-path") == "evil.svg")
     evil.find_element(By.CSS_SELECTOR, ".file-name").click()
     img = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#preview img"), what="the SVG preview")[0]
     assert img.get_attribute("src").startswith("data:image/svg+xml;base64,")
@@ -281,10 +281,13 @@ def test_a_large_workspace_and_a_wide_csv_are_shown_in_part(browser, daemon):
                 "open('wide.csv', 'w').write(','.join(f'c{i}' for i in range(5000)) + '\\n' + ','.join('1' * 5000))")
         assert c.post(f"/v1/sessions/{sid}/runs", json={"code": code}).json()["status"] == "ok"
     open_console(browser, daemon, f"#/s/{sid}")
-    wait(browser, lambda d: len(find_all(d, "ul.files li")) == 500, what="the first 500 files")
+    wait(browser, lambda d: len(find_all(d, "ul.files li.file")) == 500, what="the first 500 files")
+    # A tree: many/ is a directory whose files are named by their own names.
+    assert find(browser, 'li.dir[data-dir="many"] summary').text == "many/"
+    assert find(browser, 'li.dir[data-dir="many"] li[data-path="many/0007"] .file-name').text == "0007"
     find(browser, "#more-files").click()
-    wait(browser, lambda d: len(find_all(d, "ul.files li")) == 621, what="all files")
-    li = next(li for li in find_all(browser, "ul.files li") if li.get_attribute("data-path") == "wide.csv")
+    wait(browser, lambda d: len(find_all(d, "ul.files li.file")) == 621, what="all files")
+    li = next(li for li in find_all(browser, "ul.files li.file") if li.get_attribute("data-path") == "wide.csv")
     li.find_element(By.CSS_SELECTOR, ".file-name").click()
     wait(browser, lambda d: find_all(d, "#preview table.csv th"), what="the CSV preview")
     assert len(find_all(browser, "#preview table.csv th")) == 50

@@ -472,25 +472,50 @@ async function loadFiles(sid, box) {
   drop.addEventListener('dragleave', () => drop.classList.remove('over'));
   drop.addEventListener('drop', (ev) => { ev.preventDefault(); drop.classList.remove('over'); upload(ev.dataTransfer.files); });
 
-  const row = (f) => el('li', { 'data-path': f.path },
-    el('button', { type: 'button', class: 'link file-name', title: 'preview', onclick: () => showPreview(f, preview) }, f.path),
+  const row = (f, name) => el('li', { class: 'file', 'data-path': f.path },
+    el('button', { type: 'button', class: 'link file-name', title: f.path, onclick: () => showPreview(f, preview) }, name),
     el('span', { class: 'muted' }, ' ' + bytes(f.size_bytes) + ' '),
     el('button', { type: 'button', class: 'quiet download', onclick: () => download(f.url, f.path).catch((e) => { note.textContent = e.message; }) }, 'Download'),
     el('button', { type: 'button', class: 'quiet delete', onclick: async () => {
       if (!confirm('Delete ' + f.path + '?')) return;
       try { await api('DELETE', rel(f.url)); loadFiles(sid, box); } catch (e) { note.textContent = e.message; }
     } }, 'Delete'));
-  const ul = el('ul', { class: 'files' }, list.slice(0, FILES_SHOWN).map(row));
+  const tree = fileTree(row);
+  list.slice(0, FILES_SHOWN).forEach(tree.add);
   let more = null;
   if (list.length > FILES_SHOWN) {
     more = el('button', { type: 'button', class: 'quiet', id: 'more-files', onclick: () => {
-      ul.append(...list.slice(FILES_SHOWN).map(row));
+      list.slice(FILES_SHOWN).forEach(tree.add);
       more.remove();
     } }, 'Show all ' + list.length + ' files');
   }
   put(box, drop, note,
     partial ? el('p', { class: 'muted', id: 'listing-partial' }, 'The workspace holds more files than one listing reports: these are the first, by path.') : null,
-    list.length ? ul : el('p', { class: 'muted' }, 'No files.'), more, preview);
+    list.length ? tree.root : el('p', { class: 'muted' }, 'No files.'), more, preview);
+}
+
+/** A tree of files by their directories, filled one file at a time (`add`) in the
+ * listing's order; `row(file, name)` makes a file's item. A directory is made when
+ * its first file comes, folded open. */
+function fileTree(row) {
+  const root = el('ul', { class: 'files' });
+  const dirs = new Map([['', root]]);
+  const dirOf = (parts) => {
+    const key = parts.join('/');
+    let ul = dirs.get(key);
+    if (!ul) {
+      ul = el('ul', {});
+      dirOf(parts.slice(0, -1)).append(el('li', { class: 'dir', 'data-dir': key },
+        el('details', { open: true }, el('summary', {}, parts[parts.length - 1] + '/'), ul)));
+      dirs.set(key, ul);
+    }
+    return ul;
+  };
+  const add = (f) => {
+    const parts = f.path.split('/');
+    dirOf(parts.slice(0, -1)).append(row(f, parts[parts.length - 1]));
+  };
+  return { root, add };
 }
 
 const PREVIEW_BYTES = 65536;
