@@ -40,6 +40,16 @@ fn policy() -> &'static str {
     })
 }
 
+/// [`policy`] as a header value, made once. It is ASCII by construction; were it
+/// ever not a valid value, the page would get `default-src 'none'` (nothing runs),
+/// never no policy at all.
+fn policy_header() -> HeaderValue {
+    static VALUE: OnceLock<HeaderValue> = OnceLock::new();
+    VALUE
+        .get_or_init(|| HeaderValue::from_str(policy()).unwrap_or(HeaderValue::from_static("default-src 'none'")))
+        .clone()
+}
+
 /// `sha256-<base64>` of console.js, as CSP and Subresource Integrity write it.
 fn script_hash() -> &'static str {
     static HASH: OnceLock<String> = OnceLock::new();
@@ -68,9 +78,7 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     let mut answer = body.into_response();
     let h = answer.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if let Ok(policy) = HeaderValue::from_str(policy()) {
-        h.insert(header::CONTENT_SECURITY_POLICY, policy);
-    }
+    h.insert(header::CONTENT_SECURITY_POLICY, policy_header());
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
@@ -106,5 +114,6 @@ mod tests {
         assert!(!policy().contains("unsafe"));
         assert!(policy().contains("frame-ancestors 'none'"));
         assert!(policy().contains("connect-src 'self';"));
+        assert_eq!(policy_header().to_str().ok(), Some(policy()));
     }
 }
