@@ -129,15 +129,30 @@ def new_session(client, **fields):
 
 def stream_run(client, **body):
     """POST /v1/runs asking for server-sent events; returns [(event name, data)]."""
+    return stream_events(client, "/v1/runs", body)
+
+
+def stream_events(client, path, body):
+    """POST `body` to `path` asking for server-sent events; returns [(event name,
+    data)], the stream read to its end."""
     events, name = [], None
-    with client.stream("POST", "/v1/runs", json=body, headers={"Accept": "text/event-stream"}) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.status_code
+    with client.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
         for line in r.iter_lines():
             if line.startswith("event:"):
                 name = line.split(":", 1)[1].strip()
             elif line.startswith("data:"):
                 events.append((name, json.loads(line.split(":", 1)[1])))
     return events
+
+
+@pytest.fixture(scope="module")
+def llm():
+    """A scripted stand-in for the user's LLM (tests/llm_standin.py), for the chat."""
+    from llm_standin import StandIn
+    s = StandIn()
+    yield s
+    s.close()
 
 
 @pytest.fixture

@@ -131,10 +131,13 @@ def test_a_person_creates_a_session_runs_a_plot_and_sees_it(browser, daemon):
     wait(browser, lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100,
          what="the figure to decode")
     assert img.get_attribute("src").startswith("blob:")
-    # The run is in the history, and the session in the list.
+    # The run is in the history, and the session in the list, with the disk its
+    # workspace now takes.
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#history details.run"), what="the history")
     open_console(browser, daemon)
     assert find(browser, f'tr[data-session="{sid}"]')
+    disk = find(browser, f'tr[data-session="{sid}"] td.disk').text
+    assert disk.endswith(("KiB", "MiB")) and not disk.startswith("0 "), disk
     assert csp_violations(browser) == []
 
 
@@ -371,3 +374,109 @@ def test_the_status_page_shows_health_the_pool_and_live_metrics(browser, daemon)
     assert set(shown) == {"runs per second", "sessions", "idle templates", "pool hits per second", "pool misses per second"}
     values = [s.text for s in find_all(browser, "#charts .chart span")]
     assert int(values[1]) >= 1 and sessions >= 1
+
+
+# --- the chat page (#/chat), against a scripted stand-in LLM (tests/llm_standin.py) ---
+
+@pytest.fixture(scope="module")
+def chatd(fresh_daemon_module, llm):
+    return fresh_daemon_module(args=["--llm-url", llm.url, "--llm-timeout-s", "5"])
+
+
+CHAT_PLOT = "import matplotlib.pyplot as plt\nplt.plot([2, 7, 1])\nplt.title('from the chat')\nprint('drawn')"
+# What a model might say, copying markup from a page it read: shown as text.
+CHAT_XSS = "Done <img src=x onerror=\"" + PROBE + "=21\"><script>" + PROBE + "=22</script>"
+
+
+def send_chat(driver, message):
+    box = find(driver, "#chat-input")
+    box.send_keys(message)
+    box.send_keys(Keys.ENTER)
+
+
+def test_the_chat_runs_the_models_tool_call_and_shows_its_figure(browser, chatd, llm):
+    import json as _json
+    with chatd.http() as c:
+        sid = new_session(c)
+    llm.answer(("call", "run_python", _json.dumps({"code": CHAT_PLOT})), ("text", CHAT_XSS))
+    open_console(browser, chatd, f"#/chat/{sid}")
+    assert find(browser, "#nav-chat").get_attribute("class") == "active"
+    send_chat(browser, "Plot 2, 7, 1")
+    img = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .tool-result img.figure"),
+               60, "the tool result's figure")[0]
+    wait(browser, lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100,
+         what="the figure to decode")
+    # The call's code as text, its result folded under its first line, the model's
+    # words as it wrote them (markup included, as text).
+    assert find(browser, "#chat-log .tool-call .tool-name").text == "run_python"
+    assert find(browser, "#chat-log .tool-call pre.code").text == CHAT_PLOT
+    assert find(browser, "#chat-log .tool-result summary").text.startswith("status: ok")
+    wait(browser, lambda d: CHAT_XSS in [e.text for e in d.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant")],
+         what="the model's answer")
+    assert find(browser, "#chat-log .msg.user").text == "Plot 2, 7, 1"
+    assert find(browser, "#chat-model").text == "model stand-in"
+    wait(browser, lambda d: find(d, "#chat-send").get_attribute("disabled") is None, what="the turn's end")
+    assert browser.execute_script("return typeof " + PROBE) == "undefined"
+    # The page's address names the conversation; it is listed, and opened again
+    # from the daemon it shows the same steps, the figure included.
+    cid = browser.current_url.rsplit("/", 1)[1]
+    assert len(cid) == 32
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-list li.current a"), what="the conversation list")
+    assert find(browser, "#chat-list li.current a").text == "Plot 2, 7, 1"
+    open_console(browser, chatd, f"#/chat/{sid}/{cid}")
+    img = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .tool-result img.figure"),
+               what="the kept figure")[0]
+    wait(browser, lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100,
+         what="the kept figure to decode")
+    shown = browser.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant:not(.empty)")
+    assert [e.text for e in shown] == [CHAT_XSS]
+    assert browser.execute_script("return typeof " + PROBE) == "undefined"
+    assert csp_violations(browser) == []
+    # /chat is the page's chat view.
+    browser.get(chatd.url + "/chat")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-session"), what="the chat's session picker")
+    assert browser.current_url.endswith("/#/chat")
+
+
+def test_the_chat_says_when_the_endpoint_is_down_and_stops_on_request(browser, chatd, llm):
+    import json as _json
+    with chatd.http() as c:
+        sid = new_session(c)
+    open_console(browser, chatd, f"#/chat/{sid}")
+    llm.down()
+    try:
+        send_chat(browser, "hello?")
+        alert = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .notice.error"),
+                     what="the endpoint's failure")[0]
+    finally:
+        llm.up()
+    assert alert.text.startswith("unavailable: cannot reach the model endpoint")
+    wait(browser, lambda d: find(d, "#chat-send").get_attribute("disabled") is None, what="the turn's end")
+    # A long tool call, stopped from the page.
+    llm.answer(("call", "run_python", _json.dumps({"code": "import time\ntime.sleep(60)"})))
+    send_chat(browser, "sleep a minute")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .tool-call.running"), what="the tool call")
+    find(browser, "#chat-stop").click()
+    wait(browser, lambda d: "Stopped." in [e.text for e in d.find_elements(By.CSS_SELECTOR, "#chat-log .notice")],
+         20, "the stop")
+    assert find(browser, "#chat-log .tool-result summary").text == f"error cancelled: the call in session {sid} was stopped"
+    assert find(browser, "#chat-send").get_attribute("disabled") is None
+    # A prompt-injected call naming another session, and malformed arguments: each
+    # a failed result on the page (nothing ran), and the model goes on.
+    with chatd.http() as c:
+        other = new_session(c)
+    llm.answer(("calls", [("read_file", _json.dumps({"session_id": other, "path": "secret.txt"})),
+                          ("run_python", '{"code": ')]),
+               ("text", "I cannot reach that session."))
+    send_chat(browser, "read the other session's secret.txt")
+    wait(browser, lambda d: "I cannot reach that session." in [e.text for e in d.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant")],
+         what="the model's answer after the refused calls")
+    failed = [e.find_element(By.TAG_NAME, "summary").text for e in browser.find_elements(By.CSS_SELECTOR, "#chat-log .tool-result.failed")]
+    assert failed[-2].startswith(f"error forbidden: this conversation is bound to session {sid}"), failed
+    assert failed[-1].startswith("error invalid_request: the arguments are not JSON"), failed
+    with chatd.http() as c:
+        assert c.get(f"/v1/sessions/{other}/runs").json()["runs"] == []
+        deadline = time.time() + 15
+        while time.time() < deadline and c.get(f"/v1/sessions/{sid}").json()["busy"]:
+            time.sleep(0.1)
+        assert c.get(f"/v1/sessions/{sid}").json()["busy"] is False

@@ -145,7 +145,7 @@ def test_workspace_overcommit_holds_that_many_times_what_the_disk_has_free():
     counts = {}
     for overcommit in ("1", "4"):
         # 700 MiB free, less what the daemon itself keeps there: each session may
-        # take 200 MiB of workspace and 9 MiB of run records. Reserved whole, two or
+        # take 200 MiB of workspace and 14 MiB of run records and conversations. Reserved whole, two or
         # three fit; overcommitted 4 times, four times as many.
         with on_small_disk("overcommit", 700, overcommit, "--max-sessions", "100") as (d, _), d.http() as c:
             made = []

@@ -81,11 +81,12 @@ CONFIG = """
 expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 
 # DELETE /v1/sessions/{id}/run stops the run in flight; the session and its run
-# records stay. use_after_free takes every URL the deleted one is a prefix of
-# for the deleted resource, and /v1/sessions/{id}/runs (and /runs/{run_id}) start
-# with .../run: its false alarm (ST301) for those two, its check everywhere else.
+# records stay (and DELETE .../chat stops a conversation; its records stay).
+# use_after_free takes every URL the deleted one is a prefix of for the deleted
+# resource, and /v1/sessions/{id}/runs (and /runs/{run_id}) start with .../run,
+# .../chats with .../chat: its false alarm (ST301) for those, its check everywhere else.
 [[operations]]
-include-operation-id = ["list_runs", "get_run"]
+include-operation-id = ["list_runs", "get_run", "list_chats", "get_chat"]
 checks.use_after_free.enabled = false
 """
 
@@ -124,7 +125,8 @@ def test_schemathesis_finds_no_failures(fresh_daemon, tmp_path):
     runs it makes are at most 2 s each."""
     d = fresh_daemon(
         policies={"default": FUZZ_POLICY, "strict": FUZZ_POLICY, "tiny": FUZZ_POLICY},
-        args=["--max-sessions", "40", "--session-ttl-s", "120", "--pool-size", "1"],
+        # The chat's model endpoint: a port nothing listens on (a chat is an error event).
+        args=["--max-sessions", "40", "--session-ttl-s", "120", "--pool-size", "1", "--llm-url", "http://127.0.0.1:9/v1"],
     )
     started = time.monotonic()
     code, text, events = schemathesis(d.url, tmp_path, os.environ.get("SANDBOXD_SCHEMATHESIS_EXAMPLES", "50"),

@@ -290,9 +290,9 @@ def test_a_session_the_state_filesystem_cannot_hold_is_refused_with_507():
     state = base / "d" / "state"
     state.mkdir(parents=True)
     # Each session may take its workspace_mb, its packages_mb (64 in the test
-    # policies) and 9 MiB of run records: 700 MiB (the daemon wants 512 MiB free to
-    # start) holds one `big` session (400 + 64 + 9) and a `tiny` one (16 + 64 + 9),
-    # not two `big` ones, nor a `big` one and a `big-layer` one (16 + 400 + 9).
+    # policies) and 14 MiB of run records and conversations: 700 MiB (the daemon wants
+    # 512 MiB free to start) holds one `big` session (400 + 64 + 14) and a `tiny` one
+    # (16 + 64 + 14), not two `big` ones, nor a `big` one and a `big-layer` one (16 + 400 + 14).
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m,mode=0711", "sandboxd-test-507", str(state)], check=True)
     d = Daemon(base / "d", policies={"big": BIG_POLICY, "big2": BIG_POLICY, "big-layer": BIG_LAYER_POLICY})
     try:
@@ -308,7 +308,7 @@ def test_a_session_the_state_filesystem_cannot_hold_is_refused_with_507():
             assert "MiB free" in message and "close sessions" in message and "workspace_mb or packages_mb" in message
             r = c.post("/v1/sessions", json={"id": "layered", "policy": "big-layer"})
             assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), r.text
-            assert "this one needs 425 MiB (its workspace, package layer and run records" in r.json()["error"]["message"]
+            assert "this one needs 430 MiB (its workspace, package layer, run records and conversations" in r.json()["error"]["message"]
             r = c.post("/v1/runs", json={"code": "print(1)", "policy": "big"})
             assert (r.status_code, error_code(r)) == (507, "insufficient_storage"), r.text
             # Nothing was made for the refused ones.

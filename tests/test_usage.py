@@ -157,3 +157,20 @@ def test_the_run_finished_line_logs_the_usage(daemon):
     u = r["usage"]
     for k in ("cpu_ms", "memory_peak_bytes", "pids_peak"):
         assert f"{k}={u[k]}" in line, line
+
+
+def test_a_sessions_disk_is_what_its_images_take_as_measured_after_each_use(daemon):
+    with daemon.http() as c:
+        sid = new_session(c)
+        assert c.get(f"/v1/sessions/{sid}").json()["disk_bytes"] == 0  # no image before its first use
+        r = c.post(f"/v1/sessions/{sid}/runs", json={"code": "open('big', 'wb').write(b'x' * (8 << 20))"})
+        assert r.json()["status"] == "ok", r.text
+        after_write = c.get(f"/v1/sessions/{sid}").json()["disk_bytes"]
+        # The 8 MiB written, and the image's own filesystem, and not its whole size (sparse).
+        assert 8 << 20 <= after_write < 64 << 20, after_write
+        listed = [s for s in c.get("/v1/sessions").json() if s["id"] == sid]
+        assert listed[0]["disk_bytes"] == after_write
+        assert c.delete(f"/v1/sessions/{sid}/files/big").status_code == 200
+        # A deleted file's blocks are given back to the host (the image is trimmed or
+        # its blocks reused): never more than before.
+        assert c.get(f"/v1/sessions/{sid}").json()["disk_bytes"] <= after_write

@@ -10,9 +10,11 @@
 
 const TOKEN_KEY = 'sandboxd-token';
 let token = sessionStorage.getItem(TOKEN_KEY) || '';
-// Timers and object URLs of the view on screen, dropped when it changes.
+// Timers, object URLs and requests of the view on screen, dropped when it changes
+// (a chat's stream aborted: the daemon stops a turn whose client went away).
 let viewTimers = [];
 let viewUrls = [];
+let viewAborts = [];
 let renderSeq = 0;
 
 // ---- small helpers -----------------------------------------------------------
@@ -201,6 +203,8 @@ function setupToken() {
 function clearView() {
   viewTimers.forEach(clearInterval);
   viewTimers = [];
+  viewAborts.forEach((a) => a.abort());
+  viewAborts = [];
   viewUrls.flat().forEach((u) => URL.revokeObjectURL(u));
   viewUrls = [];
 }
@@ -218,11 +222,17 @@ async function render() {
   clearView();
   const seq = ++renderSeq;
   const hash = location.hash || '#/';
-  document.getElementById('nav-sessions').classList.toggle('active', !hash.startsWith('#/status'));
-  document.getElementById('nav-status').classList.toggle('active', hash.startsWith('#/status'));
+  const section = hash.startsWith('#/status') ? 'status' : hash.startsWith('#/chat') ? 'chat' : 'sessions';
+  for (const name of ['sessions', 'chat', 'status']) {
+    document.getElementById('nav-' + name).classList.toggle('active', section === name);
+  }
   try {
     if (hash.startsWith('#/s/')) await sessionView(decodeURIComponent(hash.slice(4)), seq);
     else if (hash.startsWith('#/status')) await statusView(seq);
+    else if (hash.startsWith('#/chat')) {
+      const [sid, cid] = hash.slice(7).split('/').map(decodeURIComponent);
+      await chatView(sid || '', cid || '', seq);
+    }
     else await sessionsView(seq);
   } catch (e) {
     if (seq === renderSeq) show(errorBox(e));
@@ -250,7 +260,7 @@ async function sessionsView(seq) {
 
   const body = el('tbody', { id: 'sessions' });
   const table = el('table', {},
-    el('thead', {}, el('tr', {}, ['Session', 'Mode', 'Policy', 'Created', 'Last used', 'Expires in', 'Status', ''].map((h) => el('th', {}, h)))),
+    el('thead', {}, el('tr', {}, ['Session', 'Mode', 'Policy', 'Created', 'Last used', 'Expires in', 'Disk', 'Status', ''].map((h) => el('th', {}, h)))),
     body);
   const fill = (list) => {
     list.sort((a, b) => b.last_used_at.localeCompare(a.last_used_at));
@@ -260,13 +270,14 @@ async function sessionsView(seq) {
         el('td', {}, el('a', { href: '#/s/' + encodeURIComponent(s.id), class: 'mono' }, s.id)),
         el('td', {}, s.mode), el('td', {}, s.policy), el('td', {}, ago(s.created_at)),
         el('td', {}, ago(s.last_used_at)), el('td', {}, span(Math.max(0, left))),
+        el('td', { class: 'disk', title: 'the host disk its workspace and packages take' }, bytes(s.disk_bytes || 0)),
         el('td', {}, s.busy ? el('span', { class: 'badge busy' }, 'running') : el('span', { class: 'badge' }, 'idle')),
         el('td', {}, el('button', { type: 'button', class: 'quiet close-session', onclick: async () => {
           if (!confirm('Close session ' + s.id + '? Its files go with it.')) return;
           try { await api('DELETE', '/v1/sessions/' + encodeURIComponent(s.id)); render(); } catch (e) { error.textContent = e.message; }
         } }, 'Close')));
     }));
-    if (!list.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'muted' }, 'No sessions yet.')));
+    if (!list.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'muted' }, 'No sessions yet.')));
   };
   fill(sessions);
   show(el('h1', {}, 'Sessions'), create, error, table);
@@ -341,7 +352,7 @@ async function sessionView(sid, seq) {
   show(
     el('h1', {}, 'Session ', el('span', { class: 'mono', id: 'session-id' }, info.id)),
     el('p', { class: 'muted' }, info.mode + ' session · policy ' + info.policy + ' · created ' + ago(info.created_at) +
-      ' · closes after ' + span(info.ttl_s) + ' idle'),
+      ' · closes after ' + span(info.ttl_s) + ' idle · ' + bytes(info.disk_bytes || 0) + ' on disk'),
     el('div', { class: 'columns' },
       el('section', { class: 'work' },
         editor,
@@ -355,6 +366,15 @@ async function sessionView(sid, seq) {
 
 /** POST a run as server-sent events, handing each to `on` as it arrives. */
 async function streamRun(path, body, signal, on) {
+  await streamEvents(path, body, signal, (name, payload) => {
+    if (name === 'stdout' || name === 'stderr') on.output(name, payload.text);
+    else if (name === 'result') on.result(payload);
+    else if (name === 'error') on.error(new ApiError(0, payload.error.code, payload.error.message));
+  });
+}
+
+/** POST `body` and hand each server-sent event (its name, its JSON) to `on`. */
+async function streamEvents(path, body, signal, on) {
   const res = await fetch(path, {
     method: 'POST', signal, cache: 'no-store',
     headers: headers({ 'Content-Type': 'application/json', 'Accept': 'text/event-stream' }),
@@ -379,10 +399,7 @@ async function streamRun(path, body, signal, on) {
         else if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
       }
       if (!data.length) continue; // a keep-alive comment
-      const payload = JSON.parse(data.join('\n'));
-      if (name === 'stdout' || name === 'stderr') on.output(name, payload.text);
-      else if (name === 'result') on.result(payload);
-      else if (name === 'error') on.error(new ApiError(0, payload.error.code, payload.error.message));
+      on(name, JSON.parse(data.join('\n')));
     }
   }
 }
@@ -729,6 +746,180 @@ async function statusView(seq) {
   };
   await poll();
   viewTimers.push(setInterval(poll, 2000));
+}
+
+// -- the chat --
+
+/** `#/chat/SID[/CID]`: talk to the daemon's LLM, whose tool calls run in session
+ * SID; the conversation's steps stream in as they happen. */
+async function chatView(sid, cid, seq) {
+  const sessions = await api('GET', '/v1/sessions');
+  if (seq !== renderSeq) return;
+  const picker = el('select', { id: 'chat-session', 'aria-label': 'session' },
+    el('option', { value: '' }, '— choose a session —'),
+    sessions.map((s) => el('option', { value: s.id, selected: s.id === sid }, s.id + ' (' + s.mode + ', ' + s.policy + ')')));
+  picker.addEventListener('change', () => { location.hash = picker.value ? '#/chat/' + encodeURIComponent(picker.value) : '#/chat'; });
+  const fresh = el('button', { type: 'button', id: 'chat-new-session', class: 'quiet' }, 'New session');
+  fresh.addEventListener('click', async () => {
+    try {
+      const s = await api('POST', '/v1/sessions', { json: {} });
+      location.hash = '#/chat/' + encodeURIComponent(s.id);
+    } catch (e) { show(errorBox(e)); }
+  });
+  const head = [el('h1', {}, 'Chat'), el('div', { class: 'row' }, picker, fresh)];
+  if (!sid) {
+    show(...head, el('p', { class: 'muted' }, 'A conversation is bound to one session: the model\'s code runs there, and its files and figures stay there.'));
+    return;
+  }
+  const base = '/v1/sessions/' + encodeURIComponent(sid);
+  const list = el('ul', { id: 'chat-list', class: 'chats' });
+  const log = el('div', { id: 'chat-log', class: 'chat-log', 'aria-live': 'polite' });
+  const input = el('textarea', { id: 'chat-input', rows: 3, 'aria-label': 'message',
+    placeholder: 'Ask for an analysis or a plot. Enter sends, Shift-Enter starts a new line.' });
+  const send = el('button', { type: 'button', id: 'chat-send' }, 'Send');
+  const stop = el('button', { type: 'button', id: 'chat-stop', class: 'quiet', disabled: true }, 'Stop');
+  const model = el('span', { id: 'chat-model', class: 'muted' });
+  const state = el('span', { id: 'chat-state', class: 'muted' });
+  const newChat = el('button', { type: 'button', id: 'chat-new', class: 'quiet' }, 'New conversation');
+  newChat.addEventListener('click', () => { location.hash = '#/chat/' + encodeURIComponent(sid); });
+  let chatId = cid;
+  let going = false;
+
+  const loadList = async () => {
+    try {
+      const got = await api('GET', base + '/chats');
+      put(list, got.chats.map((c) => el('li', { class: c.chat_id === chatId ? 'current' : '' },
+        el('a', { href: '#/chat/' + encodeURIComponent(sid) + '/' + c.chat_id }, c.title || '(untitled)'),
+        el('div', { class: 'muted' }, ago(c.updated_at) + ' · ' + c.messages + ' messages'))));
+      if (!got.chats.length) put(list, el('li', { class: 'muted' }, 'No conversations yet.'));
+    } catch (e) { put(list, errorBox(e)); }
+  };
+
+  // The assistant's bubble being written, and the tool calls waiting for results.
+  let writing = null;
+  const pending = new Map();
+  const addMessage = (m) => {
+    if (m.role === 'user') log.append(el('div', { class: 'msg user' }, m.content));
+    else if (m.role === 'assistant') {
+      const bubble = writing || el('div', { class: 'msg assistant' });
+      writing = null;
+      put(bubble, m.content);
+      if (!m.content) bubble.classList.add('empty');
+      if (!bubble.isConnected) log.append(bubble);
+      for (const c of m.tool_calls || []) log.append(toolCallBox(c, pending));
+    } else if (m.role === 'tool') {
+      const box = pending.get(m.tool_call_id) || el('div', { class: 'tool-call' });
+      pending.delete(m.tool_call_id);
+      box.classList.remove('running');
+      box.append(toolResultBox(sid, m));
+      if (!box.isConnected) log.append(box);
+    } else if (m.role === 'notice') log.append(el('div', { class: 'notice' }, m.content));
+    log.scrollTop = log.scrollHeight;
+  };
+
+  const sendMessage = async () => {
+    const message = input.value;
+    if (going || !message.trim()) return;
+    going = true;
+    send.disabled = true;
+    stop.disabled = false;
+    input.value = '';
+    put(state, 'thinking…');
+    addMessage({ role: 'user', content: message });
+    const body = { session_id: sid, message };
+    if (chatId) body.chat_id = chatId;
+    const aborter = new AbortController();
+    viewAborts.push(aborter);
+    try {
+      await streamEvents('/v1/chat', body, aborter.signal, (name, p) => {
+        if (name === 'chat') {
+          chatId = p.chat_id;
+          put(model, p.model ? 'model ' + p.model : '');
+          history.replaceState(null, '', '#/chat/' + encodeURIComponent(sid) + '/' + chatId);
+        } else if (name === 'text') {
+          if (!writing) { writing = el('div', { class: 'msg assistant' }); log.append(writing); }
+          writing.append(p.text);
+          log.scrollTop = log.scrollHeight;
+        } else if (name === 'tool_call') {
+          put(state, 'running ' + p.name + '…');
+          const box = pending.get(p.id);
+          if (box) box.classList.add('running');
+        } else if (name === 'assistant' || name === 'tool_result' || name === 'notice') {
+          if (name === 'tool_result') put(state, 'thinking…');
+          addMessage(p);
+        } else if (name === 'error') {
+          log.append(el('div', { class: 'notice error', role: 'alert' }, p.error.code + ': ' + p.error.message));
+        } else if (name === 'done') {
+          put(state, p.reason === 'answered' ? '' : p.reason.replace('_', ' '));
+        }
+      });
+    } catch (e) {
+      if (!aborter.signal.aborted) log.append(errorBox(e));
+      put(state, '');
+    } finally {
+      viewAborts = viewAborts.filter((a) => a !== aborter);
+      going = false;
+      send.disabled = false;
+      stop.disabled = true;
+      writing = null;
+      loadList();
+    }
+  };
+  send.addEventListener('click', sendMessage);
+  input.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && !ev.shiftKey) { ev.preventDefault(); sendMessage(); }
+  });
+  stop.addEventListener('click', async () => {
+    try { await api('DELETE', base + '/chat'); } catch (e) { log.append(errorBox(e)); }
+  });
+
+  show(...head,
+    el('div', { class: 'columns chat' },
+      el('section', { class: 'work' },
+        log,
+        input,
+        el('div', { class: 'row' }, send, stop, state, el('span', { class: 'spacer' }), model)),
+      el('aside', { class: 'side' },
+        el('h2', {}, 'Conversations'), newChat, list,
+        el('p', {}, el('a', { href: '#/s/' + encodeURIComponent(sid) }, 'This session\'s code and files')))));
+  input.focus();
+  const loads = [loadList()];
+  if (cid) {
+    loads.push(api('GET', base + '/chats/' + encodeURIComponent(cid)).then((c) => {
+      if (seq !== renderSeq) return;
+      put(model, c.model ? 'model ' + c.model : '');
+      c.messages.forEach(addMessage);
+    }).catch((e) => log.append(errorBox(e))));
+  }
+  await Promise.all(loads);
+}
+
+/** A tool call the model made: its code (or arguments) as text. */
+function toolCallBox(call, pending) {
+  let args = null;
+  try { args = JSON.parse(call.arguments); } catch (_) { /* shown as written */ }
+  const code = args && typeof args === 'object' ? (args.code || args.command) : null;
+  const box = el('div', { class: 'tool-call', 'data-id': call.id },
+    el('div', { class: 'tool-name' }, call.name),
+    el('pre', { class: 'code' }, typeof code === 'string' ? code : call.arguments));
+  pending.set(call.id, box);
+  return box;
+}
+
+/** A tool's result: its first line, the rest folded, and its figures. */
+function toolResultBox(sid, m) {
+  const first = (m.content.split('\n')[0] || '').slice(0, 200);
+  const box = el('div', { class: 'tool-result' + (m.is_error ? ' failed' : '') },
+    el('details', {}, el('summary', {}, first), el('pre', { class: 'output' }, m.content)));
+  for (const f of m.figures || []) {
+    imageOf(filePath(sid, f.path), f.mime_type, 0).then((img) => {
+      box.append(el('figure', {}, img, el('figcaption', {}, f.path)));
+      // The figure took room: the conversation's end stays in view.
+      const log = box.closest('.chat-log');
+      if (log) img.addEventListener('load', () => { log.scrollTop = log.scrollHeight; }, { once: true });
+    });
+  }
+  return box;
 }
 
 // ---- start -----------------------------------------------------------------------

@@ -167,6 +167,26 @@ pub struct Settings {
     /// BLAKE2b-256 digest, as PyPI's do), comma-separated; default files.pythonhosted.org.
     #[arg(long, env = "SANDBOXD_PACKAGE_CACHE_HOSTS", value_delimiter = ',')]
     pub package_cache_hosts: Option<Vec<String>>,
+    /// The chat's LLM: an OpenAI-compatible API's base URL (http or https); default
+    /// http://127.0.0.1:1234/v1 (LM Studio's server); "off" turns the chat off.
+    #[arg(long, env = "SANDBOXD_LLM_URL")]
+    pub llm_url: Option<String>,
+    /// The model the chat asks when a request names none; default: the first the
+    /// endpoint lists (GET /models).
+    #[arg(long, env = "SANDBOXD_LLM_MODEL")]
+    pub llm_model: Option<String>,
+    /// The API key sent to the chat's LLM (Authorization: Bearer), if it needs one.
+    #[arg(long, env = "SANDBOXD_LLM_API_KEY", hide_env_values = true)]
+    pub llm_api_key: Option<String>,
+    /// Longest the chat waits for the LLM's next piece of an answer, in seconds; default 300.
+    #[arg(long, env = "SANDBOXD_LLM_TIMEOUT_S")]
+    pub llm_timeout_s: Option<u64>,
+    /// Show the LLM the figures its tool calls made (for models that take images); default false.
+    #[arg(long, env = "SANDBOXD_LLM_IMAGES")]
+    pub llm_images: Option<bool>,
+    /// The most model answers (each perhaps with tool calls) one chat message may take; default 10.
+    #[arg(long, env = "SANDBOXD_CHAT_MAX_TURNS")]
+    pub chat_max_turns: Option<u32>,
     /// Log format: text or json.
     #[arg(long, env = "SANDBOXD_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -227,6 +247,15 @@ pub struct Config {
     pub package_cache_dir: PathBuf,
     pub package_cache_mb: u64,
     pub package_cache_hosts: Vec<String>,
+    /// None: the chat is off (printed as "off").
+    #[serde(serialize_with = "off_when_none")]
+    pub llm_url: Option<String>,
+    pub llm_model: Option<String>,
+    #[serde(serialize_with = "redact_one")]
+    pub llm_api_key: Option<String>,
+    pub llm_timeout_s: u64,
+    pub llm_images: bool,
+    pub chat_max_turns: u32,
     pub log_format: String,
     pub log: String,
 }
@@ -237,6 +266,17 @@ pub const CA_BUNDLES: [&str; 3] =
 
 fn default_ca_bundle() -> PathBuf {
     CA_BUNDLES.iter().map(PathBuf::from).find(|p| p.is_file()).unwrap_or_else(|| CA_BUNDLES[0].into())
+}
+
+fn off_when_none<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(url.as_deref().unwrap_or("off"))
+}
+
+fn redact_one<S: serde::Serializer>(key: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match key {
+        Some(_) => s.serialize_some("********"),
+        None => s.serialize_none(),
+    }
 }
 
 fn redact<S: serde::Serializer>(tokens: &[String], s: S) -> Result<S::Ok, S::Error> {
@@ -303,6 +343,12 @@ impl Config {
             package_cache_dir,
             package_cache_mb,
             package_cache_hosts,
+            llm_url,
+            llm_model,
+            llm_api_key,
+            llm_timeout_s,
+            llm_images,
+            chat_max_turns,
             log_format,
             log
         );
@@ -344,6 +390,30 @@ impl Config {
                 });
             }
         }
+        let llm_url = match s.llm_url.as_deref().unwrap_or("http://127.0.0.1:1234/v1") {
+            "off" => None,
+            url if (url.starts_with("http://") || url.starts_with("https://"))
+                && !url.split('/').nth(2).unwrap_or("").contains('@') =>
+            {
+                Some(url.to_string())
+            }
+            url if url.contains('@') => {
+                return Err(Error::Invalid {
+                    key: "llm_url",
+                    reason: "it holds credentials: put the key in llm_api_key, and give the URL without them".into(),
+                })
+            }
+            url => {
+                return Err(Error::Invalid {
+                    key: "llm_url",
+                    reason: format!("`{url}`: give an http:// or https:// URL of an OpenAI-compatible API, e.g. http://127.0.0.1:1234/v1, or \"off\""),
+                })
+            }
+        };
+        let chat_max_turns = match s.chat_max_turns.unwrap_or(10) {
+            n @ 1..=100 => n,
+            n => return Err(Error::Invalid { key: "chat_max_turns", reason: format!("{n}; allowed: 1 to 100") }),
+        };
         let log_format = s.log_format.unwrap_or_else(|| "text".into());
         if log_format != "text" && log_format != "json" {
             return Err(Error::Invalid { key: "log_format", reason: format!("`{log_format}`; allowed: text, json") });
@@ -469,6 +539,12 @@ impl Config {
             package_cache_dir: s.package_cache_dir.unwrap_or_else(|| "/var/cache/sandboxd/packages".into()),
             package_cache_mb: s.package_cache_mb.unwrap_or(4096).min(1 << 30),
             package_cache_hosts: s.package_cache_hosts.unwrap_or_else(|| vec!["files.pythonhosted.org".into()]),
+            llm_url,
+            llm_model: s.llm_model.filter(|m| !m.is_empty()),
+            llm_api_key: s.llm_api_key.filter(|k| !k.is_empty()),
+            llm_timeout_s: s.llm_timeout_s.unwrap_or(300).clamp(1, 86400),
+            llm_images: s.llm_images.unwrap_or(false),
+            chat_max_turns,
             log_format,
             log: s.log.unwrap_or_else(|| "info".into()),
         })

@@ -51,6 +51,32 @@ pub enum Error {
     Egress(#[from] crate::egress::Error),
     #[error("{0}")]
     Secrets(String),
+    #[error("{0}: give an OpenAI-compatible API's base URL, e.g. http://127.0.0.1:1234/v1, or \"off\"")]
+    Chat(#[from] crate::chat::llm::BadUrl),
+}
+
+/// The chat's engine, its LLM endpoint checked now (a bad `llm_url` stops the
+/// start, before anything is mounted).
+fn chat_engine(config: &Config) -> Result<crate::chat::Engine, Error> {
+    let endpoint = match &config.llm_url {
+        None => None,
+        Some(url) => Some(crate::chat::llm::Endpoint::new(
+            url,
+            config.llm_api_key.clone(),
+            &config.ca_bundle,
+            Duration::from_secs(config.llm_timeout_s),
+        )?),
+    };
+    match &config.llm_url {
+        Some(url) => tracing::info!(llm_url = %url, model = ?config.llm_model, "the chat asks this LLM endpoint"),
+        None => tracing::info!("the chat is off (llm_url = \"off\")"),
+    }
+    Ok(crate::chat::Engine::new(crate::chat::Settings {
+        endpoint,
+        model: config.llm_model.clone(),
+        max_turns: config.chat_max_turns,
+        images: config.llm_images,
+    }))
 }
 
 fn init_logging(config: &Config) {
@@ -112,6 +138,7 @@ async fn serve_with(
     policies: std::collections::BTreeMap<String, crate::model::policy::Policy>,
     cgroups: Cgroups,
 ) -> Result<(), Error> {
+    let chat = Arc::new(chat_engine(&config)?);
     let abi = landlock::kernel_abi();
     if abi < landlock::TARGET_ABI as i32 {
         tracing::warn!(kernel_abi = abi, wanted = landlock::TARGET_ABI as i32, "Landlock is missing or older than expected: sandboxes are enforced partly, relying on mount namespaces and seccomp for the rest");
@@ -208,6 +235,7 @@ async fn serve_with(
             idle: Duration::from_secs(config.mcp_session_idle_s),
         },
         mcp: Default::default(),
+        chat,
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);

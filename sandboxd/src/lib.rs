@@ -10,14 +10,17 @@
 pub mod api;
 pub mod artifacts;
 pub mod bridge;
+pub mod chat;
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod conversations;
 pub mod daemon;
 pub mod download;
 pub mod egress;
 pub mod health;
 pub mod isolate;
+pub mod kept;
 pub mod kernel;
 pub mod listing;
 pub mod metrics;

@@ -278,6 +278,26 @@ pub trait Storage: Send + Sync {
         u64::MAX
     }
 
+    /// How much the session in `session_dir` holds in its workspace and package
+    /// layer: what each filesystem has in use while it is mounted (written data
+    /// counts before it reaches the image), else the blocks its image takes on the
+    /// host disk; `None` if it has no workspace image yet.
+    fn taken(&self, session_dir: &Path) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let dir_dev = std::fs::metadata(session_dir).ok()?.dev();
+        let held = |root: &str, image: &str| {
+            let root = session_dir.join(root);
+            let mounted = std::fs::metadata(&root).is_ok_and(|m| m.dev() != dir_dev);
+            let in_use = mounted
+                .then(|| nix::sys::statvfs::statvfs(&root).ok())
+                .flatten()
+                .map(|s| s.blocks().saturating_sub(s.blocks_free()).saturating_mul(s.fragment_size()));
+            in_use.or_else(|| std::fs::metadata(session_dir.join(image)).ok().map(|m| m.blocks().saturating_mul(512)))
+        };
+        let workspace = held(DATA, IMAGE)?;
+        Some(workspace.saturating_add(held(LAYER, LAYER_IMAGE).unwrap_or(0)))
+    }
+
     /// How much more of the host disk the session in `session_dir` can take: its
     /// images' sizes (the workspace's and, once made, the package layer's: any
     /// run may write into either) less what they already take (images are

@@ -175,6 +175,8 @@ class SessionInfo:
     last_used_at: str
     ttl_s: int
     busy: bool = False
+    #: Bytes of the host disk its workspace and packages take, as last measured.
+    disk_bytes: int = 0
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "SessionInfo":
@@ -186,6 +188,7 @@ class SessionInfo:
             last_used_at=str(d.get("last_used_at", "")),
             ttl_s=int(d.get("ttl_s", 0)),
             busy=bool(d.get("busy", False)),
+            disk_bytes=int(d.get("disk_bytes", 0)),
         )
 
 

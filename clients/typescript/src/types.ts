@@ -59,6 +59,8 @@ export interface SessionInfo {
   last_used_at: string;
   ttl_s: number;
   busy?: boolean;
+  /** Bytes of the host disk its workspace and packages take, as last measured. */
+  disk_bytes?: number;
 }
 
 export interface FileEntry {

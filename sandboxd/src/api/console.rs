@@ -72,6 +72,8 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/", get(|| async { asset(index(), "text/html; charset=utf-8") }))
         .route("/console/console.js", get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }))
         .route("/console/console.css", get(|| async { asset(STYLE, "text/css; charset=utf-8") }))
+        // The chat is a view of the page.
+        .route("/chat", get(|| async { axum::response::Redirect::to("/#/chat") }))
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {

@@ -126,6 +126,7 @@ impl From<crate::service::Error> for ApiError {
             S::ListingsBusy(e @ crate::listing::Busy::Token(_)) => ApiError::new(Code::MaxListings, e.to_string()),
             S::ListingsBusy(e @ crate::listing::Busy::Daemon(_)) => ApiError::new(Code::Unavailable, e.to_string()),
             e @ S::RunNotFound { .. } => ApiError::new(Code::RunNotFound, e.to_string()),
+            e @ S::ChatNotFound { .. } => ApiError::new(Code::NotFound, e.to_string()),
             S::Internal { context, error } => ApiError::internal(&context, error),
         }
     }

@@ -5,11 +5,13 @@
 //! non-JSON bodies and times the body, [`auth`] decides who the caller is
 //! ([`tokens`]) and claims the connection for it, a handler in [`runs`],
 //! [`sessions`], [`files`] or [`tools`] reads the input and calls [`crate::service`], which
-//! runs the code through [`crate::run`] and [`crate::isolate`]. The MCP tools
+//! runs the code through [`crate::run`] and [`crate::isolate`]. [`chat`] runs a
+//! model's tool loop over the same tools ([`crate::chat`]). The MCP tools
 //! ([`crate::tools`], served by [`mcp`] at `/mcp`) call the same service. Every error is an
 //! [`error::ApiError`]; the service's errors are mapped to them in `error.rs`.
 //! [`console`] serves the web page (`GET /`) that calls this API from a browser.
 
+pub mod chat;
 pub mod console;
 pub mod error;
 pub mod files;
@@ -67,6 +69,8 @@ pub struct AppState {
     pub mcp_sessions: mcp::SessionLimits,
     /// What both listeners' `/mcp` share, made by the first router built.
     pub mcp: std::sync::OnceLock<mcp::McpState>,
+    /// The chat's LLM settings and the conversations going on.
+    pub chat: Arc<crate::chat::Engine>,
 }
 
 pub type Shared = Arc<AppState>;
@@ -118,6 +122,10 @@ pub fn router(state: Shared, surface: surface::Surface) -> Router {
         .route("/v1/policies", get(sessions::policies))
         .route("/v1/tools", get(tools::list))
         .route("/v1/tools/{name}", post(tools::call))
+        .route("/v1/chat", post(chat::chat))
+        .route("/v1/sessions/{id}/chat", axum::routing::delete(chat::stop))
+        .route("/v1/sessions/{id}/chats", get(chat::list))
+        .route("/v1/sessions/{id}/chats/{chat_id}", get(chat::show))
         .route("/metrics", get(metrics))
         .route("/v1/check", get(check_host))
         .route("/v1/sessions/{id}/files", get(files::list))

@@ -43,6 +43,10 @@ use utoipa::OpenApi;
         super::check_host,
         super::tools::list,
         super::tools::call,
+        super::chat::chat,
+        super::chat::stop,
+        super::chat::list,
+        super::chat::show,
     ),
     components(schemas(
         crate::model::health::Problem,
@@ -65,10 +69,10 @@ fn error_description(status: u16) -> &'static str {
     match status {
         400 => "`invalid_request` (a body that is not a JSON object of the documented fields, a bad value, more than one `Host` header), `invalid_session_id`, `invalid_path` or `policy_not_found`: the message says what to change",
         401 => "`unauthorized`: tokens are configured and the request has no `Authorization: Bearer <token>` with one of them",
-        403 => "`forbidden`: over HTTP, a `Host` the daemon does not serve, or a foreign `Origin`; `GET /metrics` with a token that is not an operator token",
-        404 => "`session_not_found` (closed, expired, never made, or another token's), `run_not_found` (a run the session does not keep) or `not_found` (no such file, or secret of the session's own)",
+        403 => "`forbidden`: over HTTP, a `Host` the daemon does not serve, or a foreign `Origin`; `GET /metrics` with a token that is not an operator token; `POST /v1/chat` when the chat is off (`llm_url = \"off\"`)",
+        404 => "`session_not_found` (closed, expired, never made, or another token's), `run_not_found` (a run the session does not keep) or `not_found` (no such file, secret or conversation of the session's own)",
         408 => "`request_timeout`: the body stalled, or a JSON body did not arrive within `body_timeout_s`",
-        409 => "`session_busy` (a run is going on in it), `session_exists`, `file_exists` (pass `overwrite=true`) or `file_busy` (a lease or lock from the session's code)",
+        409 => "`session_busy` (a run is going on in it; for `POST /v1/chat`, a conversation is), `session_exists`, `file_exists` (pass `overwrite=true`) or `file_busy` (a lease or lock from the session's code)",
         413 => "`code_too_large` (more code than the policy's `code_kb`), `upload_too_large` (more than `upload_mb`, or the workspace is full)",
         415 => "`unsupported_media_type`: a JSON body without `Content-Type: application/json`",
         422 => "`package_install_failed`: the installer ran and failed (an unknown package, a version that does not exist, conflicting pins, no wheel, the index unreachable, the layer full, the install's time limit); the message has its own words, and the session's package layer is as it was",
@@ -108,6 +112,10 @@ pub const ERRORS: &[(&str, &[u16])] = &[
     ("delete_secret", &[400, 401, 404]),
     ("list_tools", &[400, 401]),
     ("call_tool", &[400, 401, 408, 415]),
+    ("chat", &[400, 401, 404, 408, 409, 413, 415]),
+    ("stop_chat", &[400, 401, 404]),
+    ("list_chats", &[400, 401, 404]),
+    ("get_chat", &[400, 401, 404]),
 ];
 
 /// The limits of the daemon's policies that the document states.
@@ -574,6 +582,7 @@ mod tests {
             owner: Some("ab".into()),
             uid: 7,
             busy: true,
+            disk_bytes: 0,
         };
         conforms(&doc, &schema("SessionInfo"), &serde_json::to_value(&info).unwrap(), "session").unwrap();
         let err = super::super::error::ApiError::new(crate::model::error::Code::MethodNotAllowed, "m");

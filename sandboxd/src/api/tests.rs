@@ -45,6 +45,12 @@ pub(super) fn state_with(memory: Arc<Memory>, tokens: &[&str], operators: &[&str
         shutdown: tokio_util::sync::CancellationToken::new(),
         mcp_sessions: super::mcp::SessionLimits { max: 4, per_token: 2, idle: Duration::from_secs(300) },
         mcp: Default::default(),
+        chat: Arc::new(crate::chat::Engine::new(crate::chat::Settings {
+            endpoint: None,
+            model: None,
+            max_turns: 3,
+            images: false,
+        })),
     })
 }
 

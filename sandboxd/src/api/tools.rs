@@ -16,7 +16,7 @@ use super::error::{ApiError, Path, Query};
 use super::{body_read_error, Caller, Shared};
 use crate::model::error::Code;
 use crate::model::tools::{FormatQuery, ToolFormat};
-use crate::tools::{Part, Registry, Spec, ToolOutput, Watch};
+use crate::tools::{arguments, error_output, llm_schema, no_such_tool, Part, Registry, Spec, ToolOutput, Watch};
 use axum::extract::State;
 use axum::{Extension, Json};
 use base64::Engine;
@@ -103,123 +103,22 @@ async fn called(tools: Arc<Registry>, caller: Caller, name: String, args: Value)
     }
 }
 
-fn no_such_tool(name: &str, specs: &[Spec]) -> ToolOutput {
-    let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
-    error_output(&format!("not_found: there is no tool {name:?}: call one of {}", names.join(", ")))
-}
-
-fn error_output(text: &str) -> ToolOutput {
-    ToolOutput { parts: vec![Part::Text(format!("error {text}"))], is_error: true }
-}
-
-/// A call's arguments from its body: a JSON object, a JSON string holding one
-/// (OpenAI's `arguments` as the API gives it), or nothing. Read as strictly as a
-/// run request: one object, each argument once. What is not that is a tool
-/// result saying so, for the model.
-fn arguments(body: &[u8]) -> Result<Value, ToolOutput> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Value::Null);
-    }
-    let bad = |e: serde_json::Error| {
-        error_output(&format!(
-            "invalid_request: the arguments are not JSON of one object, each argument once ({e}): send one JSON object with the arguments the tool's input schema lists"
-        ))
-    };
-    // A string is read as one; anything else straight as the object (an array
-    // of a million empty objects is refused, not built).
-    let inner = match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'"') => match serde_json::from_slice::<String>(body).map_err(bad)? {
-            inner if inner.trim().is_empty() => return Ok(Value::Null),
-            inner => std::borrow::Cow::Owned(inner.into_bytes()),
-        },
-        _ => std::borrow::Cow::Borrowed(body),
-    };
-    serde_json::from_slice::<Unique>(&inner).map(|u| Value::Object(u.0)).map_err(bad)
-}
-
-/// A JSON object whose keys are each given once (a `Value` would keep the last
-/// of a repeated key, silently).
-struct Unique(serde_json::Map<String, Value>);
-
-impl<'de> serde::Deserialize<'de> for Unique {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
-        struct Keys;
-        impl<'de> serde::de::Visitor<'de> for Keys {
-            type Value = Unique;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("one JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
-                let mut out = serde_json::Map::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if out.contains_key(&key) {
-                        return Err(serde::de::Error::custom(format!("the argument {key:?} is given twice")));
-                    }
-                    let value: Value = map.next_value()?;
-                    out.insert(key, value);
-                }
-                Ok(Unique(out))
-            }
-        }
-        d.deserialize_map(Keys)
-    }
-}
-
 /// The tools in `format`'s shape: `{"format", "tools": [...]}`.
 pub fn listing(format: ToolFormat, specs: &[Spec]) -> Value {
     let tools: Vec<Value> = specs
         .iter()
         .map(|s| match format {
             ToolFormat::OpenAi => json!({"type": "function", "function": {
-                "name": s.name, "description": s.description, "parameters": for_llm_api(s), "strict": false}}),
+                "name": s.name, "description": s.description, "parameters": llm_schema(s), "strict": false}}),
             ToolFormat::OpenAiResponses => json!({"type": "function",
-                "name": s.name, "description": s.description, "parameters": for_llm_api(s), "strict": false}),
+                "name": s.name, "description": s.description, "parameters": llm_schema(s), "strict": false}),
             ToolFormat::Anthropic => {
-                json!({"name": s.name, "description": s.description, "input_schema": for_llm_api(s)})
+                json!({"name": s.name, "description": s.description, "input_schema": llm_schema(s)})
             }
             ToolFormat::Mcp => serde_json::to_value(super::mcp::tool(s)).unwrap_or(Value::Null),
         })
         .collect();
     json!({"format": format.as_str(), "tools": tools})
-}
-
-/// A tool's argument schema as the LLM APIs take it: without the dialect's
-/// `$schema` and without the number formats (`double`, `int64`, ...) that the
-/// generator writes and JSON Schema does not define (strict validators refuse them).
-fn for_llm_api(spec: &Spec) -> Value {
-    fn clean(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                let numeric = m.get("format").and_then(Value::as_str).is_some_and(|f| {
-                    matches!(
-                        f,
-                        "double"
-                            | "float"
-                            | "int8"
-                            | "int16"
-                            | "int32"
-                            | "int64"
-                            | "uint"
-                            | "uint8"
-                            | "uint16"
-                            | "uint32"
-                            | "uint64"
-                    )
-                });
-                if numeric {
-                    m.remove("format");
-                }
-                m.values_mut().for_each(clean);
-            }
-            Value::Array(a) => a.iter_mut().for_each(clean),
-            _ => {}
-        }
-    }
-    let mut schema = spec.input_schema.clone();
-    schema.remove("$schema");
-    let mut schema = Value::Object(schema);
-    clean(&mut schema);
-    schema
 }
 
 fn data_url(mime: &str, data: &[u8]) -> String {
@@ -237,7 +136,7 @@ pub fn answer(format: ToolFormat, out: ToolOutput) -> Value {
                 .parts
                 .iter()
                 .filter_map(|p| match p {
-                    Part::Image { mime, data } => {
+                    Part::Image { mime, data, .. } => {
                         Some(json!({"type": "image_url", "image_url": {"url": data_url(mime, data)}}))
                     }
                     Part::Text(_) => None,
@@ -253,7 +152,7 @@ pub fn answer(format: ToolFormat, out: ToolOutput) -> Value {
                         .iter()
                         .map(|p| match p {
                             Part::Text(t) => json!({"type": "input_text", "text": t}),
-                            Part::Image { mime, data } => {
+                            Part::Image { mime, data, .. } => {
                                 json!({"type": "input_image", "image_url": data_url(mime, data)})
                             }
                         })
@@ -270,7 +169,7 @@ pub fn answer(format: ToolFormat, out: ToolOutput) -> Value {
                 .iter()
                 .map(|p| match p {
                     Part::Text(t) => json!({"type": "text", "text": t}),
-                    Part::Image { mime, data } => json!({"type": "image", "source": {
+                    Part::Image { mime, data, .. } => json!({"type": "image", "source": {
                         "type": "base64", "media_type": mime,
                         "data": base64::engine::general_purpose::STANDARD.encode(data)}}),
                 })
@@ -307,7 +206,10 @@ mod tests {
 
     fn figure() -> ToolOutput {
         ToolOutput {
-            parts: vec![Part::Text("status: ok".into()), Part::Image { mime: "image/png".into(), data: vec![1, 2, 3] }],
+            parts: vec![
+                Part::Text("status: ok".into()),
+                Part::Image { mime: "image/png".into(), data: vec![1, 2, 3], path: None },
+            ],
             is_error: false,
         }
     }

@@ -136,3 +136,26 @@ fn tokens_are_not_printed() {
     let text = Config::from_settings(s).unwrap().to_toml();
     assert!(!text.contains("secret"));
 }
+
+#[test]
+fn the_chat_endpoint_is_checked_and_its_key_not_printed() {
+    let default = Config::from_settings(Settings::default()).unwrap();
+    assert_eq!(default.llm_url.as_deref(), Some("http://127.0.0.1:1234/v1"));
+    assert_eq!((default.llm_timeout_s, default.chat_max_turns, default.llm_images), (300, 10, false));
+    let off = Config::from_settings(Settings { llm_url: Some("off".into()), ..Default::default() }).unwrap();
+    assert_eq!(off.llm_url, None);
+    assert!(off.to_toml().contains("llm_url = \"off\""));
+    for (bad, says) in
+        [("", "http://"), ("localhost:1234/v1", "http://"), ("http://user:pw@127.0.0.1:1234/v1", "credentials")]
+    {
+        let e = Config::from_settings(Settings { llm_url: Some(bad.into()), ..Default::default() }).unwrap_err();
+        assert!(e.to_string().contains("`llm_url`") && e.to_string().contains(says), "{bad}: {e}");
+    }
+    for turns in [0, 101] {
+        let e = Config::from_settings(Settings { chat_max_turns: Some(turns), ..Default::default() }).unwrap_err();
+        assert!(e.to_string().contains("`chat_max_turns`"), "{e}");
+    }
+    let keyed = Settings { llm_api_key: Some("sk-very-secret".into()), ..Default::default() };
+    let text = Config::from_settings(keyed).unwrap().to_toml();
+    assert!(!text.contains("sk-very-secret") && text.contains("llm_api_key = \"********\""), "{text}");
+}

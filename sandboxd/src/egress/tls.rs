@@ -33,6 +33,32 @@ pub enum Error {
 /// Certificates kept for intercepted hosts; past it, the oldest are dropped.
 const MAX_LEAVES: usize = 1024;
 
+/// A TLS client (HTTP/1.1) that trusts the CA certificates of `bundle` (PEM,
+/// read from `path`): what the egress proxy and the chat's model endpoint use to
+/// verify real servers.
+pub fn client_config(bundle: &[u8], path: &str) -> Result<ClientConfig, Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    let mut found = 0;
+    for cert in CertificateDer::pem_slice_iter(bundle) {
+        let cert = cert.map_err(|e| Error::Bundle { path: path.into(), why: e.to_string() })?;
+        // A certificate rustls cannot use as a root is skipped, as OpenSSL would.
+        if roots.add(cert).is_ok() {
+            found += 1;
+        }
+    }
+    if found == 0 {
+        return Err(Error::Bundle { path: path.into(), why: "no usable CA certificate in it".into() });
+    }
+    let mut client = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Bundle { path: path.into(), why: e.to_string() })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(client)
+}
+
 pub struct Tls {
     /// The CA's certificate, PEM.
     ca_pem: String,
@@ -51,24 +77,7 @@ impl Tls {
     /// from `path`).
     pub fn new(bundle: &[u8], path: &str) -> Result<Tls, Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = RootCertStore::empty();
-        let mut found = 0;
-        for cert in CertificateDer::pem_slice_iter(bundle) {
-            let cert = cert.map_err(|e| Error::Bundle { path: path.into(), why: e.to_string() })?;
-            // A certificate rustls cannot use as a root is skipped, as OpenSSL would.
-            if roots.add(cert).is_ok() {
-                found += 1;
-            }
-        }
-        if found == 0 {
-            return Err(Error::Bundle { path: path.into(), why: "no usable CA certificate in it".into() });
-        }
-        let mut client = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Bundle { path: path.into(), why: e.to_string() })?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        client.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let client = client_config(bundle, path)?;
 
         let ca_key = KeyPair::generate().map_err(Error::Ca)?;
         let mut params = CertificateParams::default();

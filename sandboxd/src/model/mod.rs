@@ -9,6 +9,7 @@
 //! each other's. What a domain keeps for itself (persisted state, leases, plans)
 //! stays in that domain.
 
+pub mod chat;
 pub mod check;
 pub mod error;
 pub mod files;

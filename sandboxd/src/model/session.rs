@@ -44,6 +44,10 @@ pub struct SessionInfo {
     /// Always stored as false: only the live state says a session is busy.
     #[serde(default)]
     pub busy: bool,
+    /// Bytes of the host disk its workspace and package layer take, as last
+    /// measured (after its last run or file operation); 0 before its first use.
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 /// The body of `POST /v1/sessions`.

@@ -24,8 +24,8 @@ use crate::model::records::{RecordStatus, RunPage, RunRecord, RunSummary};
 use crate::model::run::{Language, RunResult};
 use crate::model::session::Mode;
 use std::fs;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -236,16 +236,7 @@ impl Records {
     /// file that is no record (the daemon writes none past [`MAX_RECORD`]) is
     /// `InvalidData`.
     fn read(&self, name: &str) -> io::Result<Option<RunRecord>> {
-        let file = match fs::File::open(self.dir.join(name)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let mut bytes = vec![];
-        file.take(MAX_RECORD as u64 + 1).read_to_end(&mut bytes)?;
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: not a run record: {e}")))
+        crate::kept::read(&self.dir.join(name), MAX_RECORD, "a run record")
     }
 
     /// [`Records::read`] for a walk over many: a file that is no record is logged
@@ -316,15 +307,9 @@ impl Records {
     }
 }
 
-/// Write `record` to `path` through a temporary file and a rename (0600).
+/// Write `record` to `path` whole ([`crate::kept::write`]).
 fn write_atomic(path: &Path, record: &RunRecord) -> io::Result<()> {
-    let bytes = record.encode()?;
-    let tmp = path.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    file.write_all(&bytes)?;
-    drop(file);
-    fs::rename(&tmp, path)
+    crate::kept::write(path, &record.encode()?)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! drive their real code over it. A run's stdout is `ran <code>`.
 
 use crate::isolate::output::{Chunk, Stream};
+use crate::model::chat::{Chat, ChatList};
 use crate::model::check;
 use crate::model::files::FileEntry;
 use crate::model::health::Problem;
@@ -74,6 +75,7 @@ impl Memory {
             owner: caller.owner.clone(),
             uid: 0,
             busy: false,
+            disk_bytes: 0,
         };
         let mut sessions = self.sessions.lock().unwrap();
         if sessions.contains_key(&key) {
@@ -310,6 +312,38 @@ impl Operations for Memory {
             self.enter(caller)?;
             self.session(caller, id)?;
             Err(service::Error::RunNotFound { session: id.into(), run_id: run_id.into() })
+        })
+    }
+    /// The fake keeps no conversations: each session has none.
+    fn list_chats<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<ChatList, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            self.session(caller, id)?;
+            Ok(ChatList { chats: vec![] })
+        })
+    }
+    fn get_chat<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        chat_id: &'a str,
+    ) -> BoxFuture<'a, Result<Chat, service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            self.session(caller, id)?;
+            Err(service::Error::ChatNotFound { session: id.into(), chat_id: chat_id.into() })
+        })
+    }
+    fn save_chat<'a>(
+        &'a self,
+        caller: &'a Caller,
+        id: &'a str,
+        _chat: &'a Chat,
+    ) -> BoxFuture<'a, Result<(), service::Error>> {
+        Box::pin(async move {
+            self.enter(caller)?;
+            self.session(caller, id)?;
+            Ok(())
         })
     }
     /// The host as the fake finds it: one requirement met, one not.

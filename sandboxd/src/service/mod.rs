@@ -21,6 +21,7 @@ pub use files::Upload;
 
 use crate::isolate::output::Chunk;
 use crate::listing::{self, Listing};
+use crate::model::chat::{Chat, ChatList};
 use crate::model::check::Report;
 use crate::model::files::FileEntry;
 use crate::model::health::{PoolStats, Problem};
@@ -78,6 +79,9 @@ pub enum Error {
     ListingsBusy(#[from] listing::Busy),
     /// A run record the session does not have (never made, or pruned: a session
     /// keeps its newest runs only).
+    /// A conversation the session does not have (never made, or no longer kept).
+    #[error("session {session:?} has no conversation {chat_id:?}: list its conversations with GET /v1/sessions/{session}/chats (a session keeps its newest {})", crate::conversations::MAX_CHATS)]
+    ChatNotFound { session: String, chat_id: String },
     #[error("session {session:?} has no run {run_id:?}: list its runs with GET /v1/sessions/{session}/runs (a session keeps its newest {} runs)", crate::records::MAX_RECORDS)]
     RunNotFound { session: String, run_id: String },
     /// A host failure; `context` names the step (the cause is logged, not shown).
@@ -202,6 +206,14 @@ pub trait Operations: Send + Sync + 'static {
         id: &'a str,
         run_id: &'a str,
     ) -> BoxFuture<'a, Result<RunRecord, Error>>;
+    /// The session's conversations, used most recently first ([`crate::conversations`]).
+    fn list_chats<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<ChatList, Error>>;
+    /// One conversation of the session.
+    fn get_chat<'a>(&'a self, caller: &'a Caller, id: &'a str, chat_id: &'a str) -> BoxFuture<'a, Result<Chat, Error>>;
+    /// Keep `chat` as it is now, in session `id` (its `session_id` is set to the
+    /// session's own id): a conversation too full for it is
+    /// [`Error::InvalidRequest`], saying so.
+    fn save_chat<'a>(&'a self, caller: &'a Caller, id: &'a str, chat: &'a Chat) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Install `req.packages` into the session's package layer (as the session's
     /// run: one at a time, `session_busy` while it runs).
@@ -334,6 +346,7 @@ mod tests {
             owner: None,
             uid: 7,
             busy: true,
+            disk_bytes: 0,
         };
         let back: SessionInfo = serde_json::from_value(serde_json::to_value(&info).unwrap()).unwrap();
         assert!(back.busy && back.mode == Mode::Kernel && back.uid == 7);

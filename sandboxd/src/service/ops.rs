@@ -10,6 +10,7 @@ use crate::artifacts;
 use crate::check;
 use crate::isolate::output::Chunk;
 use crate::listing::{self, Listing};
+use crate::model::chat::{Chat, ChatList};
 use crate::model::check::Report;
 use crate::model::packages::{InstallRequest, InstallResult};
 use crate::model::policy::Policy;
@@ -354,6 +355,60 @@ impl Operations for Service {
                 records::read(&self.sessions, caller, id, "reading a run record", move |r| r.get(&wanted)).await?;
             record.ok_or_else(|| Error::RunNotFound { session: id.to_string(), run_id: run_id.to_string() })
         })
+    }
+
+    fn list_chats<'a>(&'a self, caller: &'a Caller, id: &'a str) -> BoxFuture<'a, Result<ChatList, Error>> {
+        Box::pin(async move {
+            let chats = self.chats(caller, id, "reading the session's conversations", |c| c.list()).await?;
+            Ok(ChatList { chats })
+        })
+    }
+
+    fn get_chat<'a>(&'a self, caller: &'a Caller, id: &'a str, chat_id: &'a str) -> BoxFuture<'a, Result<Chat, Error>> {
+        Box::pin(async move {
+            let wanted = chat_id.to_string();
+            let chat = self.chats(caller, id, "reading a conversation", move |c| c.get(&wanted)).await?;
+            chat.ok_or_else(|| Error::ChatNotFound { session: id.to_string(), chat_id: chat_id.to_string() })
+        })
+    }
+
+    fn save_chat<'a>(&'a self, caller: &'a Caller, id: &'a str, chat: &'a Chat) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut kept = chat.clone();
+            // The session's own id (an operator names a tenant's session by its key).
+            kept.session_id = id.rsplit_once('.').map_or(id, |(_, own)| own).to_string();
+            self.chats(caller, id, "keeping a conversation", move |c| c.save(&kept)).await
+        })
+    }
+}
+
+impl Service {
+    /// Call `f` with session `id`'s conversations on a blocking thread, the
+    /// session held until it is done.
+    async fn chats<T: Send + 'static>(
+        &self,
+        caller: &Caller,
+        id: &str,
+        what: &str,
+        f: impl FnOnce(&crate::conversations::Chats) -> std::io::Result<T> + Send + 'static,
+    ) -> Result<T, Error> {
+        let opened = self.sessions.open(id, caller.owner.as_deref())?;
+        let chats = opened.chats.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let r = f(&chats);
+            drop(opened);
+            r
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
+        match done {
+            Err(e) if crate::conversations::is_full(&e) => {
+                Err(Error::InvalidRequest(crate::conversations::Full.to_string()))
+            }
+            Err(e) => Err(Error::internal(what, e)),
+            Ok(v) => Ok(v),
+        }
     }
 }
 

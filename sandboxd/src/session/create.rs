@@ -54,7 +54,7 @@ impl Manager {
         let this = self.clone();
         let made = tokio::spawn(async move { this.make_session(&key, &info).await.map(|()| info) }).await;
         let info = made.map_err(|e| Error::Workspace(std::io::Error::other(e)))??;
-        Ok(shown(&info, false, owner))
+        Ok(shown(&info, false, 0, owner))
     }
 
     /// Make the directory of the reserved `key` and its description, then make it
@@ -127,6 +127,7 @@ impl Manager {
             owner: owner.map(str::to_string),
             uid,
             busy: false,
+            disk_bytes: 0,
         };
         // Reserved, unreachable by any route until its directory is made.
         let mut live = Live::new(info.clone(), now, Phase::Creating, self.next_epoch());

@@ -60,9 +60,9 @@ pub(super) fn key_of(info: &SessionInfo) -> String {
 }
 
 /// `info` as `owner` sees it: its id in the caller's space.
-pub(super) fn shown(info: &SessionInfo, busy: bool, owner: Option<&str>) -> SessionInfo {
+pub(super) fn shown(info: &SessionInfo, busy: bool, disk_bytes: u64, owner: Option<&str>) -> SessionInfo {
     let id = if owner.is_some() { info.id.clone() } else { key_of(info) };
-    SessionInfo { id, busy, ..info.clone() }
+    SessionInfo { id, busy, disk_bytes, ..info.clone() }
 }
 
 #[cfg(test)]

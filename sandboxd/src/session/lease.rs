@@ -204,6 +204,8 @@ pub struct Opened {
     pub workspace: PathBuf,
     /// The session's run records.
     pub records: Records,
+    /// The session's conversations.
+    pub chats: crate::conversations::Chats,
     /// Holds the session up: drop it when the operation is done.
     pub hold: Use,
 }
@@ -217,7 +219,7 @@ impl Manager {
         let mut map = self.lock();
         let Some(live) = Self::ready_mut(&mut map, &key, owner) else { return Err(Self::not_found(id)) };
         live.users += 1;
-        let info = shown(&live.info, live.busy, owner);
+        let info = shown(&live.info, live.busy, live.taken, owner);
         let hold = Use {
             manager: self.clone(),
             key: key.clone(),
@@ -227,7 +229,7 @@ impl Manager {
             body: false,
             mounted: false,
         };
-        Ok(Opened { info, workspace: self.workspace(&key), records: self.records(&key), hold })
+        Ok(Opened { info, workspace: self.workspace(&key), records: self.records(&key), chats: self.chats(&key), hold })
     }
 
     /// Session `id`'s workspace for one file operation, mounted (made at its

@@ -75,7 +75,7 @@ pub enum Error {
     /// The state directory's filesystem cannot hold every session's workspace
     /// filled up, this new one included.
     /// `room_mb`: what the images may add up to (`free_mb` times `workspace_overcommit`).
-    #[error("the state directory's filesystem has {free_mb} MiB free{}, but the sessions held could grow by {held_mb} MiB and this one needs {wanted_mb} MiB (its workspace, package layer and run records; policy {policy:?}): close sessions you no longer need, free disk space, use a policy with a smaller workspace_mb or packages_mb, or raise workspace_overcommit", overcommitted(*free_mb, *room_mb))]
+    #[error("the state directory's filesystem has {free_mb} MiB free{}, but the sessions held could grow by {held_mb} MiB and this one needs {wanted_mb} MiB (its workspace, package layer, run records and conversations; policy {policy:?}): close sessions you no longer need, free disk space, use a policy with a smaller workspace_mb or packages_mb, or raise workspace_overcommit", overcommitted(*free_mb, *room_mb))]
     InsufficientStorage { free_mb: u64, room_mb: u64, held_mb: u64, wanted_mb: u64, policy: String },
     /// The session's workspace could not be made or mounted (a host failure, or
     /// the host disk full: `StorageFull`).
@@ -154,6 +154,8 @@ struct Live {
     /// How much more of the host disk its images may take, as last seen
     /// ([`Storage::room`]); before they are made, its policy's sizes.
     room: u64,
+    /// How much of the host disk its images take, as last seen ([`Storage::taken`]).
+    taken: u64,
 }
 
 impl Live {
@@ -174,6 +176,7 @@ impl Live {
             mount: Arc::new(tokio::sync::Mutex::new(false)),
             used_at: last_used,
             room: 0,
+            taken: 0,
         }
     }
 }
@@ -211,6 +214,10 @@ pub struct Manager {
     /// sessions' images may add up to (`workspace_overcommit`: images are sparse).
     overcommit: f64,
 }
+
+/// Room on disk a session's own state may take beside its images: its run
+/// records and its conversations. Every session's storage reservation counts it.
+pub const STATE_RESERVE: u64 = crate::records::RESERVE + crate::conversations::RESERVE;
 
 /// In a session's directory: the session has had a kernel (so a restart lost one).
 const KERNEL_STARTED: &str = "kernel-started";
@@ -398,6 +405,11 @@ impl Manager {
         Records::of(&self.session_dir(key))
     }
 
+    /// The conversations of the session with this key (they go with its directory).
+    pub fn chats(&self, key: &str) -> crate::conversations::Chats {
+        crate::conversations::Chats::of(&self.session_dir(key))
+    }
+
     /// Note on disk that session `key` has had a kernel (its variables would be lost
     /// with the daemon: see [`Manager::take_kernel_lost`]); a cell's [`Lease`] does.
     fn mark_kernel_started(&self, key: &str) {
@@ -457,7 +469,7 @@ impl Manager {
     pub fn get(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, Error> {
         let key = key(id, owner)?;
         match Self::ready(&self.lock(), &key, owner) {
-            Some(live) => Ok(shown(&live.info, live.busy, owner)),
+            Some(live) => Ok(shown(&live.info, live.busy, live.taken, owner)),
             None => Err(Self::not_found(id)),
         }
     }
@@ -467,7 +479,7 @@ impl Manager {
         let mut v: Vec<SessionInfo> = map
             .values()
             .filter(|l| l.phase == Phase::Ready && Self::visible(l, owner))
-            .map(|l| shown(&l.info, l.busy, owner))
+            .map(|l| shown(&l.info, l.busy, l.taken, owner))
             .collect();
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v

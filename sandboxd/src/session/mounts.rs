@@ -90,6 +90,7 @@ impl Manager {
     pub(super) fn refresh_room(&self, key: &str) {
         let dir = self.session_dir(key);
         let Some(room) = self.storage.room(&dir) else { return };
+        let taken = self.storage.taken(&dir).unwrap_or(0);
         let layer_to_come = match dir.join(crate::storage::LAYER_IMAGE).exists() {
             true => 0,
             false => {
@@ -98,6 +99,7 @@ impl Manager {
         };
         if let Some(live) = self.lock().get_mut(key) {
             live.room = room.saturating_add(layer_to_come);
+            live.taken = taken;
         }
     }
 
@@ -240,7 +242,7 @@ mod tests {
         let m = Arc::new(manager(state.path(), &storage, 4));
         m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
         let policy = m.policy(None).unwrap();
-        let nominal = policy.workspace_bytes() + policy.layer_bytes() + crate::records::RESERVE;
+        let nominal = policy.workspace_bytes() + policy.layer_bytes() + crate::session::STATE_RESERVE;
         assert_eq!(m.held_storage(&m.lock()), nominal);
         // Once made, its image's room (the fake's images take nothing: their
         // size), and its package layer's to come.

@@ -46,13 +46,13 @@ impl Manager {
     /// Refuse a new session of `policy` when the state directory's filesystem could
     /// not hold every session's workspace filled up (images are sparse: each can
     /// still grow by its size less what it already takes), this one included, with
-    /// each session's run records ([`crate::records::RESERVE`]).
+    /// each session's run records and conversations ([`crate::session::STATE_RESERVE`]).
     pub(super) fn check_storage(&self, map: &HashMap<String, Live>, policy: &Policy) -> Result<(), Error> {
         // A filesystem that cannot say (or a failure to ask) refuses nothing.
         let Some(free) = self.storage.free(&self.dir) else { return Ok(()) };
         let held = self.held_storage(map);
         let wanted =
-            policy.workspace_bytes().saturating_add(policy.layer_bytes()).saturating_add(crate::records::RESERVE);
+            policy.workspace_bytes().saturating_add(policy.layer_bytes()).saturating_add(crate::session::STATE_RESERVE);
         let room = self.capacity(free);
         if held.saturating_add(wanted) > room {
             const MIB: u64 = 1024 * 1024;
@@ -75,7 +75,7 @@ impl Manager {
     pub(super) fn held_storage(&self, map: &HashMap<String, Live>) -> u64 {
         map.values()
             .filter(|l| l.phase != Phase::Closing)
-            .fold(0u64, |held, l| held.saturating_add(l.room.saturating_add(crate::records::RESERVE)))
+            .fold(0u64, |held, l| held.saturating_add(l.room.saturating_add(crate::session::STATE_RESERVE)))
     }
 
     /// What the sessions' images may add up to when the state directory's
@@ -197,7 +197,7 @@ mod tests {
         let m = Arc::new(manager(state.path(), &storage, 8));
         // Room for two sessions' workspaces and package layers (1 MiB each) and
         // run records.
-        let wanted = 2 * MIB + crate::records::RESERVE;
+        let wanted = 2 * MIB + crate::session::STATE_RESERVE;
         storage.free.store(2 * wanted, Ordering::Relaxed);
         m.create(Some("a".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
         m.create(Some("b".into()), None, Mode::Script, None, Some(OWNER)).await.unwrap();
@@ -229,7 +229,7 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let storage = Arc::new(Dirs::default());
         let m = Arc::new(manager(state.path(), &storage, 64).with_overcommit(2.5));
-        let wanted = 2 * MIB + crate::records::RESERVE;
+        let wanted = 2 * MIB + crate::session::STATE_RESERVE;
         storage.free.store(2 * wanted, Ordering::Relaxed);
         // Two sessions fit in what is free; two and a half times that holds five.
         for id in ["a", "b", "c", "d", "e"] {

@@ -69,6 +69,7 @@ impl Manager {
                     let policy = self.policies.get(&live.info.policy);
                     let nominal = policy.map_or(0, |p| p.workspace_bytes().saturating_add(p.layer_bytes()));
                     live.room = self.storage.room(&path).unwrap_or(nominal);
+                    live.taken = self.storage.taken(&path).unwrap_or(0);
                     // A kernel session whose kernel ever started had variables: gone.
                     live.kernel_lost = live.info.mode == Mode::Kernel && path.join(KERNEL_STARTED).exists();
                     self.lock().insert(key_of(&live.info), live);

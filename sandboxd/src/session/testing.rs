@@ -35,6 +35,7 @@ pub fn info(id: &str, owner: Option<String>, uid: u32) -> SessionInfo {
         owner,
         uid,
         busy: false,
+        disk_bytes: 0,
     }
 }
 

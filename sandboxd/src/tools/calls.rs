@@ -244,7 +244,10 @@ async fn read(r: &Registry, caller: &Caller, a: ReadFile) -> Result<ToolOutput, 
     if image && whole {
         let max_bytes = (MAX_TEXT / 4 * 3).min(MAX_IMAGE_BYTES);
         return match fit_image_off_runtime(bytes.clone(), mime.clone(), max_bytes).await {
-            Ok((data, mime)) => Ok(ToolOutput { parts: vec![Part::Image { mime, data }], is_error: false }),
+            Ok((data, mime)) => Ok(ToolOutput {
+                parts: vec![Part::Image { mime, data, path: Some(path.to_string()) }],
+                is_error: false,
+            }),
             Err(_) if fits_base64(bytes.len()) => Ok(ToolOutput::text(b64(&bytes))),
             Err(_) => Err(too_large("an image that does not fit a tool result (1 MiB) even downscaled")),
         };

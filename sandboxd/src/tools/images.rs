@@ -96,7 +96,7 @@ pub(super) async fn images(
         match fit_image_off_runtime(bytes, a.mime_type.clone(), max_bytes).await {
             Ok((data, mime)) => {
                 remaining = remaining.saturating_sub(base64_len(data.len()));
-                out.push(Part::Image { mime, data });
+                out.push(Part::Image { mime, data, path: Some(path.clone()) });
             }
             Err(Unfit::Unreadable) => {
                 left_out.push(format!("{path}: not a readable image within the decoding limits, not shown; {fetch}"))

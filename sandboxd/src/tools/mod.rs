@@ -26,6 +26,7 @@ mod args;
 mod calls;
 mod failure;
 mod fit;
+mod given;
 pub mod images;
 mod render;
 #[cfg(test)]
@@ -35,6 +36,7 @@ use crate::model::policy::PolicyLimits;
 use crate::service::{Caller, Operations};
 pub use failure::next_step;
 use futures_util::future::BoxFuture;
+pub use given::{arguments, error_output, llm_schema, no_such_tool};
 pub use images::{fit_image, fit_image_within, Unfit, MAX_IMAGES, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_RESULT_BYTES};
 pub use render::describe_run;
 use serde::de::DeserializeOwned;
@@ -68,10 +70,12 @@ pub struct Hints {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
     Text(String),
-    /// An image's bytes (a transport encodes them as it needs, e.g. base64).
+    /// An image's bytes (a transport encodes them as it needs, e.g. base64), and
+    /// the workspace file it was read from (a figure a run made, a file read).
     Image {
         mime: String,
         data: Vec<u8>,
+        path: Option<String>,
     },
 }
 

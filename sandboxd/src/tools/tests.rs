@@ -177,7 +177,7 @@ fn json_size(out: &ToolOutput) -> usize {
         .iter()
         .map(|p| match p {
             Part::Text(t) => super::fit::escaped_len(t) + 40,
-            Part::Image { mime, data } => super::images::base64_len(data.len()) + mime.len() + 60,
+            Part::Image { mime, data, .. } => super::images::base64_len(data.len()) + mime.len() + 60,
         })
         .sum()
 }

@@ -85,7 +85,7 @@ pub(crate) fn result(out: ToolOutput) -> CallToolResult {
         .into_iter()
         .map(|p| match p {
             Part::Text(t) => ContentBlock::text(t),
-            Part::Image { mime, data } => {
+            Part::Image { mime, data, .. } => {
                 ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&data), mime)
             }
         })
