@@ -493,7 +493,11 @@ async fn answers_have_their_documented_shapes() {
     let info = json_of(resp).await;
     let mut keys: Vec<_> = info.as_object().unwrap().keys().cloned().collect();
     keys.sort();
-    assert_eq!(keys, ["busy", "created_at", "id", "last_used_at", "mode", "policy", "ttl_s", "uid"], "{info}");
+    assert_eq!(
+        keys,
+        ["busy", "created_at", "disk_bytes", "id", "last_used_at", "mode", "policy", "ttl_s", "uid"],
+        "{info}"
+    );
     assert_eq!(
         (info["id"].as_str(), info["mode"].as_str(), info["policy"].as_str()),
         (Some("work"), Some("script"), Some("default"))
