@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 #[utoipa::path(post, path = "/v1/chat", operation_id = "chat", tag = "chat", request_body = ChatRequest,
     description = "Say `message` to the daemon's LLM (its `llm_url`, an OpenAI-compatible API), in a conversation bound to session `session_id`: the daemon runs the model's tool loop itself, with the session's tools (the ones MCP and `/v1/tools` offer, without `session_id`: a call naming another session is refused), until the model answers without a tool call, `max_turns` answers were made, or the turn is stopped (`DELETE /v1/sessions/{id}/chat`, or this request's client goes away). The answer is server-sent events, each step as it happens: `chat` (`chat_id`, `session_id`, `model`), `text` (`{\"text\"}`: the model's words as they come), `assistant` (its whole answer, with `tool_calls`), `tool_call` (`id`, `name`, `arguments`, about to run), `tool_result` (`tool_call_id`, `name`, `content`, `is_error`, `figures`: workspace paths), `notice` (for the person: the turn limit, a stop, the endpoint's failure), `error` (the error envelope: `unavailable` when the model's endpoint failed) and last `done` (`reason`: `answered`, `turn_limit`, `stopped` or `error`; `turns`). The conversation is kept with the session after each step.",
-    responses((status = 200, content_type = "text/event-stream", body = String, description = "the turn's events")))]
+    responses((status = 200, content_type = "text/event-stream", body = Object, description = "the turn's events: each an `event` name and its `data`, a JSON object")))]
 pub async fn chat(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,

@@ -190,6 +190,15 @@ pub fn document_for(limits: &Limits) -> Value {
         req["properties"]["policy"]["enum"] = Value::Array(names);
     }
 
+    // The chat's events, one by one: a name and its JSON (as server-sent events
+    // are read: `event` and `data`).
+    let chat_events = &mut doc["paths"]["/v1/chat"]["post"]["responses"]["200"]["content"]["text/event-stream"];
+    if chat_events.is_object() {
+        chat_events["schema"] = json!({"type": "object", "required": ["event", "data"], "properties": {
+            "event": {"type": "string", "enum": ["chat", "text", "assistant", "tool_call", "tool_result", "notice", "error", "done"]},
+            "data": {"type": "string", "description": "the event's fields, as a JSON object"}}});
+    }
+
     // The optional bearer token.
     obj(&mut doc["components"]).insert(
         "securitySchemes".into(),
