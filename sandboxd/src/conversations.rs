@@ -83,25 +83,9 @@ impl Chats {
     }
 
     fn prune(&self, keep: &str) -> io::Result<()> {
-        let entries = self.entries()?;
-        let mut count = entries.len();
-        let mut bytes: u64 = entries.iter().map(|e| e.2).sum();
-        for (_, id, size) in &entries {
-            if count <= MAX_CHATS && bytes <= MAX_BYTES {
-                break;
-            }
-            if id == keep {
-                continue;
-            }
-            match fs::remove_file(self.dir.join(format!("{id}.json"))) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            count -= 1;
-            bytes = bytes.saturating_sub(*size);
-        }
-        Ok(())
+        let files: Vec<(PathBuf, u64)> =
+            self.entries()?.into_iter().map(|(_, id, size)| (self.dir.join(format!("{id}.json")), size)).collect();
+        crate::kept::prune(&files, &self.dir.join(format!("{keep}.json")), MAX_CHATS, MAX_BYTES)
     }
 
     /// Conversation `chat_id`, if the session has it.

@@ -17,6 +17,30 @@ pub fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     fs::rename(&tmp, path)
 }
 
+/// Remove the oldest of `files` (path and size, oldest first) until at most
+/// `max_count` of them and `max_bytes` remain; never `keep`. A file gone
+/// meanwhile counts as removed.
+pub fn prune(files: &[(std::path::PathBuf, u64)], keep: &Path, max_count: usize, max_bytes: u64) -> io::Result<()> {
+    let mut count = files.len();
+    let mut bytes: u64 = files.iter().map(|f| f.1).sum();
+    for (path, size) in files {
+        if count <= max_count && bytes <= max_bytes {
+            break;
+        }
+        if path == keep {
+            continue;
+        }
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        count -= 1;
+        bytes = bytes.saturating_sub(*size);
+    }
+    Ok(())
+}
+
 /// The JSON value in `path`, read up to `max` bytes; `None` if there is no such
 /// file. A file that is no `T` (none the daemon writes is past `max`) is
 /// `InvalidData`, naming `what` it should have been.

@@ -212,24 +212,7 @@ impl Records {
                 (path, size)
             })
             .collect();
-        let mut count = sized.len();
-        let mut bytes: u64 = sized.iter().map(|s| s.1).sum();
-        for (path, size) in &sized {
-            if count <= MAX_RECORDS && bytes <= MAX_BYTES {
-                break;
-            }
-            if path == keep {
-                continue;
-            }
-            match fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            count -= 1;
-            bytes = bytes.saturating_sub(*size);
-        }
-        Ok(())
+        crate::kept::prune(&sized, keep, MAX_RECORDS, MAX_BYTES)
     }
 
     /// The record in file `name`; `None` if it was pruned since it was listed. A
